@@ -1,0 +1,49 @@
+"""Engine configuration: one frozen value passed to `Engine`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
+
+Reservation = Literal["optimistic", "full"]
+DType = Literal["auto", "float32", "float64", "bfloat16", "float16"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How much memory and compute one engine may use, and how it shares them.
+
+    * `kv_cache_bytes` sizes the KV block pool:
+      num_blocks = kv_cache_bytes // (block_size * kv_bytes_per_token).
+    * `max_num_batched_tokens` is the per-step token budget (decode tokens plus
+      prefill chunk tokens); `max_num_seqs` caps sequences in one step.
+    * `reservation="optimistic"` allocates blocks as tokens arrive and preempts
+      by recompute when the pool runs dry; `"full"` reserves prompt + max
+      output tokens at admission and never preempts.
+    * `tenant_weights` weights the fair queue by tokens served (default 1.0).
+    * `device`/`dtype` "auto": CUDA + bfloat16 when available, else CPU float32.
+    """
+
+    kv_cache_bytes: int = 256 * 1024 * 1024
+    block_size: int = 16
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    max_model_len: int | None = None
+    reservation: Reservation = "optimistic"
+    enable_prefix_cache: bool = True
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    device: str = "auto"
+    dtype: DType = "auto"
+    expected_checksums: Mapping[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError("block_size must be positive")
+        if self.max_num_batched_tokens <= 0 or self.max_num_seqs <= 0:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
+        if self.reservation not in ("optimistic", "full"):
+            raise ValueError(f"unknown reservation policy {self.reservation!r}")
+        if any(w <= 0 for w in self.tenant_weights.values()):
+            raise ValueError("tenant weights must be positive")
+
+    def weight_of(self, tenant_id: str) -> float:
+        return float(self.tenant_weights.get(tenant_id, 1.0))

@@ -1,0 +1,99 @@
+"""Values crossing the engine boundary: what callers submit and what `step()` returns."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class FinishReason(str, Enum):
+    """Why a request left the engine."""
+
+    STOP = "stop"  # stop token id or stop string
+    LENGTH = "length"  # max_tokens or the model's context length
+    CANCELLED = "cancelled"  # abort() took effect at a step boundary
+    EXPIRED = "expired"  # queue deadline passed before the request ever started
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decoding settings for one request. `temperature == 0` means greedy.
+
+    `seed` makes sampling reproducible per request regardless of batch mates.
+    Stop strings are removed from the returned text; stop token ids are not
+    emitted as text either but are reported in the token ids.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = disabled
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("top_p must be in (0, 1]")
+        if any(s == "" for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One generation to run.
+
+    `scope_key` partitions the prefix cache: the platform derives it from the
+    tenant, never from client input, so tenants cannot probe each other's
+    prompts through cache timing. `deadline` is a `time.monotonic()` instant
+    by which the request must have started; otherwise it finishes `expired`.
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    tenant_id: str = "default"
+    scope_key: str = ""
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one step produced for one request (a delta plus running totals)."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    text_delta: str
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine's capacity and counters."""
+
+    num_blocks_total: int
+    num_blocks_used: int
+    num_blocks_free: int
+    num_blocks_cached_free: int
+    num_running: int
+    num_waiting: int
+    prefix_hit_tokens: int
+    num_preemptions: int
+    kv_bytes_per_token: int
