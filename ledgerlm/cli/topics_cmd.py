@@ -1,2 +1,38 @@
-def register(subparsers):
-    pass
+"""`ledgerlm topics ensure [--json]`: create or verify every declared topic, report drift (exit 1)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+from ledgerlm.cli.endpoints import kafka_bootstrap
+from ledgerlm.settings import Settings
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    topics = subparsers.add_parser("topics", help="Kafka topics of the registry").add_subparsers(
+        dest="action", required=True)
+    ensure = topics.add_parser("ensure", help="create missing topics, verify existing ones, report drift")
+    ensure.add_argument("--json", action="store_true")
+    ensure.set_defaults(handler=run_ensure)
+
+
+def run_ensure(args: argparse.Namespace) -> int:
+    from consumers.kafka.topic_admin import TopicAdmin
+
+    settings = Settings()
+    bootstrap = kafka_bootstrap(settings)
+
+    async def ensure():
+        async with TopicAdmin(bootstrap, settings.topic_partitions, settings.topic_replication_factor) as admin:
+            return await admin.ensure()
+
+    report = asyncio.run(ensure())
+    if args.json:
+        print(json.dumps(report.as_dict()))
+    else:
+        print(f"created {len(report.created)}: {', '.join(report.created) or '-'}")
+        print(f"verified {len(report.verified)}")
+        for d in report.drift:
+            print(f"DRIFT {d.topic} {d.setting}: expected {d.expected}, found {d.actual}")
+    return 1 if report.drift else 0

@@ -1,0 +1,43 @@
+"""Producers and consumers with the settings ledgerlm relies on.
+
+aiokafka's defaults are not safe for us: producers must be idempotent with
+acks=all, and consumers of transactional output must read committed data
+only, with offsets committed explicitly by the code that applied them.
+"""
+from __future__ import annotations
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from pydantic import BaseModel
+
+from schemas.codec import encode, record_headers, record_key
+
+
+def make_producer(bootstrap: str, transactional_id: str | None = None, client_id: str = "ledgerlm") -> AIOKafkaProducer:
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        enable_idempotence=True,
+        acks="all",
+        transactional_id=transactional_id,
+        linger_ms=2,
+    )
+
+
+def make_consumer(bootstrap: str, *topics: str, group_id: str | None = None,
+                  auto_offset_reset: str = "earliest", client_id: str = "ledgerlm") -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset=auto_offset_reset,
+        isolation_level="read_committed",
+    )
+
+
+async def publish(producer: AIOKafkaProducer, topic: str, event: BaseModel, partition: int | None = None):
+    """Send one event keyed and headed as its topic declares; returns the record metadata."""
+    return await producer.send_and_wait(
+        topic, value=encode(event), key=record_key(topic, event), headers=record_headers(event), partition=partition,
+    )

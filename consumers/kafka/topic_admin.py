@@ -1,0 +1,95 @@
+"""`topics ensure`: create the declared topics, verify existing ones, report drift."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from schemas.topics import TOPICS, TopicSpec
+
+
+@dataclass(frozen=True)
+class Drift:
+    topic: str
+    setting: str
+    expected: str
+    actual: str
+
+
+@dataclass(frozen=True)
+class EnsureReport:
+    created: tuple[str, ...]
+    verified: tuple[str, ...]
+    drift: tuple[Drift, ...]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"created": list(self.created), "verified": list(self.verified),
+                "drift": [d.__dict__ for d in self.drift]}
+
+
+class TopicAdmin:
+    def __init__(self, bootstrap: str, partitions: int | None = None, replication_factor: int = 1) -> None:
+        self.admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+        self.partitions = partitions
+        self.replication_factor = replication_factor
+
+    async def __aenter__(self) -> "TopicAdmin":
+        await self.admin.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.admin.close()
+
+    def _partitions(self, spec: TopicSpec) -> int:
+        return self.partitions or spec.partitions
+
+    async def ensure(self, specs: tuple[TopicSpec, ...] = TOPICS) -> EnsureReport:
+        existing = set(await self.admin.list_topics())
+        missing = [s for s in specs if s.name not in existing]
+        if missing:
+            await self.admin.create_topics([
+                NewTopic(s.name, self._partitions(s), self.replication_factor,
+                         topic_configs=s.configs(self.replication_factor))
+                for s in missing
+            ])
+        present = [s for s in specs if s.name in existing]
+        drift = await self.drift(present) if present else ()
+        return EnsureReport(tuple(s.name for s in missing), tuple(s.name for s in present), tuple(drift))
+
+    async def drift(self, specs: list[TopicSpec]) -> list[Drift]:
+        found: list[Drift] = []
+        actual_partitions = await self._partition_counts([s.name for s in specs])
+        for s in specs:
+            want = self._partitions(s)
+            have = actual_partitions.get(s.name)
+            if have != want:
+                found.append(Drift(s.name, "partitions", str(want), str(have)))
+        actual_configs = await self._configs([s.name for s in specs])
+        for s in specs:
+            for key, want in s.configs(self.replication_factor).items():
+                have = actual_configs.get(s.name, {}).get(key)
+                if have != want:
+                    found.append(Drift(s.name, key, want, str(have)))
+        return found
+
+    async def _partition_counts(self, names: list[str]) -> dict[str, int]:
+        described = await self.admin.describe_topics(names)
+        return {t["topic"]: len(t["partitions"]) for t in described}
+
+    async def _configs(self, names: list[str]) -> dict[str, dict[str, str]]:
+        responses = await self.admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, name) for name in names])
+        configs: dict[str, dict[str, str]] = {}
+        for response in responses:
+            for resource in response.resources:
+                # (error_code, error_message, resource_type, resource_name, config_entries)
+                name, entries = resource[3], resource[4]
+                configs[name] = {entry[0]: entry[1] for entry in entries}
+        return configs
+
+    async def alter(self, topic: str, configs: dict[str, str]) -> None:
+        await self.admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs)])
+
+    async def delete(self, names: list[str]) -> None:
+        await self.admin.delete_topics(names)

@@ -1,0 +1,181 @@
+"""A Llama-family decoder (Llama, Mistral, Qwen2) over the paged KV pool.
+
+RMSNorm, RoPE (theta and scaling from the config via transformers' RoPE
+tables), grouped-query attention, SwiGLU, optional QKV bias. Tokens of all
+sequences in a step are packed into one flat batch (no padding): decode rows
+first, then prefill chunks. Projections run once over the whole batch;
+only attention is split by sequence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The numbers of a checkpoint that shape tensors."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    qkv_bias: bool
+    tie_word_embeddings: bool
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Rows [start, start+length) of the batch: positions [pos0, pos0+length) of one sequence.
+
+    `context_slots` lists the pool slots of positions [0, pos0+length) when the
+    chunk continues earlier context (prefix hit or an earlier chunk); None when
+    pos0 == 0, in which case attention uses the chunk's own keys directly.
+    """
+
+    start: int
+    length: int
+    pos0: int
+    context_slots: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    """Tensors for one packed forward. See `ModelRunner.prepare`."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    slot_mapping: torch.Tensor  # [T] where each token's key/value is written
+    num_decodes: int
+    decode_slots: torch.Tensor | None  # [B, max_context] pool slots, padded
+    decode_bias: torch.Tensor | None  # [B, max_context] 0 or -inf for padding
+    prefills: tuple[PrefillChunk, ...]
+    logits_indices: torch.Tensor  # [S] rows whose next-token logits are needed
+
+
+class LlamaWeights:
+    """Weights in the layout the forward wants: fused QKV and gate/up projections."""
+
+    def __init__(self, dims: ModelDims, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device):
+        def take(name: str) -> torch.Tensor:
+            return tensors[name].to(device=device, dtype=dtype).contiguous()
+
+        self.embed = take("model.embed_tokens.weight")
+        self.norm = take("model.norm.weight")
+        self.lm_head = self.embed if dims.tie_word_embeddings or "lm_head.weight" not in tensors else take("lm_head.weight")
+        self.layers = []
+        for i in range(dims.num_layers):
+            p = f"model.layers.{i}."
+            qkv = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+            bias = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if dims.qkv_bias else None
+            self.layers.append(
+                dict(
+                    in_norm=take(p + "input_layernorm.weight"),
+                    qkv=qkv,
+                    qkv_bias=bias,
+                    o=take(p + "self_attn.o_proj.weight"),
+                    post_norm=take(p + "post_attention_layernorm.weight"),
+                    gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
+                    down=take(p + "mlp.down_proj.weight"),
+                )
+            )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same op order as transformers (float32 statistics) so greedy parity holds.
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaModel:
+    """Stateless forward over a `ForwardBatch`; the KV pool is passed in."""
+
+    def __init__(self, dims: ModelDims, weights: LlamaWeights, inv_freq: torch.Tensor, attention_scaling: float):
+        self.dims = dims
+        self.w = weights
+        dtype, device = weights.embed.dtype, weights.embed.device
+        positions = torch.arange(dims.max_position_embeddings, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq.float()[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = (emb.cos() * attention_scaling).to(device=device, dtype=dtype)
+        self.sin = (emb.sin() * attention_scaling).to(device=device, dtype=dtype)
+        self.scale = dims.head_dim**-0.5
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv_pool: torch.Tensor) -> torch.Tensor:
+        d = self.dims
+        x = self.w.embed[batch.input_ids]
+        cos = self.cos[batch.positions].unsqueeze(1)  # [T, 1, D]
+        sin = self.sin[batch.positions].unsqueeze(1)
+        for i, layer in enumerate(self.w.layers):
+            h = rms_norm(x, layer["in_norm"], d.rms_norm_eps)
+            qkv = F.linear(h, layer["qkv"], layer["qkv_bias"])
+            q, k, v = qkv.split([d.q_size, d.kv_size, d.kv_size], dim=-1)
+            q = q.view(-1, d.num_heads, d.head_dim)
+            k = k.view(-1, d.num_kv_heads, d.head_dim)
+            v = v.view(-1, d.num_kv_heads, d.head_dim)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            k_pool, v_pool = kv_pool[i, 0], kv_pool[i, 1]  # [KVH, slots, D]
+            k_pool.index_copy_(1, batch.slot_mapping, k.transpose(0, 1))
+            v_pool.index_copy_(1, batch.slot_mapping, v.transpose(0, 1))
+            attn = self._attention(batch, q, k, v, k_pool, v_pool)
+            x = x + F.linear(attn, layer["o"])
+            h = rms_norm(x, layer["post_norm"], d.rms_norm_eps)
+            gate, up = F.linear(h, layer["gate_up"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer["down"])
+        x = rms_norm(x[batch.logits_indices], self.w.norm, d.rms_norm_eps)
+        return F.linear(x, self.w.lm_head).float()
+
+    def _attention(self, batch: ForwardBatch, q, k, v, k_pool, v_pool) -> torch.Tensor:
+        d = self.dims
+        group = d.num_heads // d.num_kv_heads
+        parts = []
+        nd = batch.num_decodes
+        if nd:
+            # [KVH, B, group, D] @ [KVH, B, D, C]: one batched matmul for all decodes.
+            qd = q[:nd].view(nd, d.num_kv_heads, group, d.head_dim).transpose(0, 1)
+            kd = k_pool[:, batch.decode_slots]  # [KVH, B, C, D]
+            vd = v_pool[:, batch.decode_slots]
+            scores = torch.matmul(qd, kd.transpose(-1, -2)) * self.scale
+            scores = scores + batch.decode_bias[None, :, None, :]
+            probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+            out = torch.matmul(probs, vd)  # [KVH, B, group, D]
+            parts.append(out.transpose(0, 1).reshape(nd, d.q_size))
+        for chunk in batch.prefills:
+            rows = slice(chunk.start, chunk.start + chunk.length)
+            qp = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+            if chunk.context_slots is None:
+                kp = k[rows].transpose(0, 1).unsqueeze(0)
+                vp = v[rows].transpose(0, 1).unsqueeze(0)
+                out = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=self.scale, enable_gqa=True)
+            else:
+                kp = k_pool[:, chunk.context_slots].unsqueeze(0)  # [1, KVH, ctx, D]
+                vp = v_pool[:, chunk.context_slots].unsqueeze(0)
+                qpos = torch.arange(chunk.pos0, chunk.pos0 + chunk.length, device=q.device)
+                kpos = torch.arange(chunk.pos0 + chunk.length, device=q.device)
+                mask = kpos[None, :] <= qpos[:, None]
+                out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=self.scale, enable_gqa=True)
+            parts.append(out[0].transpose(0, 1).reshape(chunk.length, d.q_size))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)

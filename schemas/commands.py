@@ -1,0 +1,40 @@
+"""Commands on `llm.commands` (key: tenant id), decided by the controller."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from schemas.envelope import TenantScoped
+from schemas.values import SamplingParams, Tier
+
+
+class SubmitGeneration(TenantScoped):
+    """A tenant asks for a generation; the gateway awaits the decision on `llm.replies`."""
+
+    type: Literal["SubmitGeneration"] = "SubmitGeneration"
+    request_id: str = Field(min_length=1, max_length=256)
+    gateway_id: str = Field(min_length=1)
+    correlation_id: str = Field(min_length=1)
+    model_version: str = Field(min_length=1)
+    input_token_ids: tuple[int, ...]
+    max_output_tokens: int = Field(ge=1)
+    sampling: SamplingParams = SamplingParams()
+    tier: Tier = "interactive"
+    payload_hash: str = Field(min_length=64, max_length=64)
+
+
+class CancelGeneration(TenantScoped):
+    type: Literal["CancelGeneration"] = "CancelGeneration"
+    generation_id: str = Field(min_length=1)
+    gateway_id: str = Field(min_length=1)
+    correlation_id: str = Field(min_length=1)
+
+
+class ReleaseReservation(TenantScoped):
+    """Return the unused part of a generation's reserved tokens to the tenant budget."""
+
+    type: Literal["ReleaseReservation"] = "ReleaseReservation"
+    generation_id: str = Field(min_length=1)
+    epoch: int = Field(ge=1)
+    used_tokens: int = Field(ge=0)

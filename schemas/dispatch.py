@@ -1,0 +1,31 @@
+"""Work orders on `llm.dispatch` (key: worker id)."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from schemas.envelope import GenerationScoped
+from schemas.values import SamplingParams
+
+
+class StartAttempt(GenerationScoped):
+    """Run one attempt (epoch) of a generation on `worker_id` with these exact token ids."""
+
+    type: Literal["StartAttempt"] = "StartAttempt"
+    epoch: int = Field(ge=1)
+    worker_id: str = Field(min_length=1)
+    model_version: str = Field(min_length=1)
+    input_token_ids: tuple[int, ...]
+    max_output_tokens: int = Field(ge=1)
+    sampling: SamplingParams = SamplingParams()
+    weight: float = Field(default=1.0, gt=0.0)
+    deadline_at: datetime
+
+
+class CancelAttempt(GenerationScoped):
+    type: Literal["CancelAttempt"] = "CancelAttempt"
+    epoch: int = Field(ge=1)
+    worker_id: str = Field(min_length=1)
+    reason: str = "canceled"
