@@ -1,0 +1,222 @@
+"""`Engine`: the step loop tying scheduler, block manager, model runner and detokenizer together.
+
+    add_request() ─▶ waiting ─▶ step(): schedule ─▶ one forward ─▶ sample
+                                  ▲                                 │
+                                  └──── outputs, frees, cache ◀─────┘
+
+Synchronous by design: `abort()` only marks a request, and the mark is
+applied at the start of the next `step()`, so blocks are never freed while a
+forward pass that reads them is in flight. A worker thread drives `step()`.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from engine.artifacts import ModelArtifacts, load_artifacts
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import EngineError, RequestError
+from engine.kv_cache import KVCacheSpec
+from engine.llama import LlamaModel, LlamaWeights
+from engine.model_runner import ModelRunner
+from engine.prefix_hash import compatibility_key, extend_block_hashes
+from engine.request import EngineRequest, EngineStats, FinishReason, RequestOutput
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence, SequenceStatus
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    """CUDA + bfloat16 when available, else CPU + float32 (bf16 matmuls are slow on CPUs)."""
+    if config.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(config.device)
+    if config.dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        dtype = _DTYPES[config.dtype]
+    return device, dtype
+
+
+class Engine:
+    """Paged-KV continuous-batching engine over one model directory."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        config: EngineConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        artifacts: ModelArtifacts | None = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.clock = clock
+        self.artifacts = artifacts or load_artifacts(model_dir, self.config.expected_checksums)
+        self.tokenizer = self.artifacts.tokenizer
+        dims = self.artifacts.dims
+        self.device, self.dtype = resolve_device(self.config)
+
+        limit = min(dims.max_position_embeddings, self.artifacts.sliding_window or dims.max_position_embeddings)
+        self.max_model_len = min(self.config.max_model_len or limit, limit)
+        self.kv_spec = KVCacheSpec.from_budget(
+            dims.num_layers, dims.num_kv_heads, dims.head_dim, self.dtype, self.config.block_size, self.config.kv_cache_bytes
+        )
+        if self.kv_spec.num_blocks < 1:
+            raise EngineError(
+                f"kv_cache_bytes={self.config.kv_cache_bytes} holds no block "
+                f"({self.config.block_size} tokens x {self.kv_spec.bytes_per_token} bytes)"
+            )
+        weights = LlamaWeights(dims, self.artifacts.tensors, self.dtype, self.device)
+        model = LlamaModel(dims, weights, self.artifacts.inv_freq, self.artifacts.attention_scaling)
+        self.kv_pool = self.kv_spec.allocate(self.device)
+        self.runner = ModelRunner(model, self.kv_pool, self.config.block_size, self.device)
+        self.blocks = BlockManager(self.kv_spec.num_blocks, self.config.block_size, self.config.enable_prefix_cache)
+        self.scheduler = Scheduler(self.config, self.blocks, self.max_model_len)
+        self.compat_key = compatibility_key(self.artifacts.checksums, str(self.dtype), self.config.block_size)
+        self.eos_token_ids = self._eos_ids()
+
+        self._seqs: dict[str, Sequence] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._generators: dict[str, torch.Generator] = {}
+        self._pending_aborts: list[str] = []
+        self._arrivals = 0
+        self._default_generator = torch.Generator(device=self.device)
+        self._default_generator.seed()
+
+    # -- public API -------------------------------------------------------------
+    def add_request(self, request: EngineRequest) -> None:
+        """Queue a request; raises `RequestError` if it can never run here."""
+        self._validate(request)
+        seq = Sequence.from_request(request, self._arrivals, self.config.weight_of(request.tenant_id))
+        self._arrivals += 1
+        extend_block_hashes(seq.block_hashes, seq.token_ids, self.config.block_size, self.compat_key, request.scope_key)
+        self._seqs[request.request_id] = seq
+        self._detok[request.request_id] = IncrementalDetokenizer(
+            self.tokenizer, list(request.prompt_token_ids), request.params.stop
+        )
+        if not request.params.greedy:
+            gen = torch.Generator(device=self.device)
+            if request.params.seed is not None:
+                gen.manual_seed(request.params.seed)
+            else:
+                gen.manual_seed(int(torch.randint(0, 2**62, (1,), generator=self._default_generator)))
+            self._generators[request.request_id] = gen
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel at the next step boundary. Returns False for unknown or finished ids."""
+        if request_id not in self._seqs:
+            return False
+        if request_id not in self._pending_aborts:
+            self._pending_aborts.append(request_id)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    def step(self) -> list[RequestOutput]:
+        """Apply cancellations, schedule, run one forward, and report what changed."""
+        outputs: list[RequestOutput] = []
+        for request_id in self._pending_aborts:
+            seq = self._seqs.get(request_id)
+            if seq is not None:
+                self.scheduler.remove(seq)
+                outputs.append(self._finish(seq, FinishReason.CANCELLED, ()))
+        self._pending_aborts.clear()
+
+        sched = self.scheduler.schedule(self.clock())
+        for seq in sched.expired:
+            outputs.append(self._finish(seq, FinishReason.EXPIRED, ()))
+        if sched.is_empty:
+            return outputs
+
+        sampled = self.runner.run(sched, self._generators)
+        for chunk in (*sched.decodes, *sched.prefills):
+            chunk.seq.num_computed_tokens += chunk.num_tokens
+            self.blocks.commit_full_blocks(chunk.seq)
+        for chunk, token in sampled:
+            outputs.append(self._append_token(chunk.seq, token))
+        return outputs
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_blocks_total=self.blocks.num_blocks,
+            num_blocks_used=self.blocks.num_used,
+            num_blocks_free=self.blocks.num_free,
+            num_blocks_cached_free=self.blocks.num_cached_free,
+            num_running=len(self.scheduler.running),
+            num_waiting=self.scheduler.num_waiting,
+            prefix_hit_tokens=self.scheduler.prefix_hit_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            kv_bytes_per_token=self.kv_spec.bytes_per_token,
+        )
+
+    # -- internals ----------------------------------------------------------------
+    def _append_token(self, seq: Sequence, token: int) -> RequestOutput:
+        params = seq.request.params
+        seq.token_ids.append(token)
+        extend_block_hashes(seq.block_hashes, seq.token_ids, self.config.block_size, self.compat_key, seq.request.scope_key)
+        detok = self._detok[seq.request_id]
+        reason: FinishReason | None = None
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            reason = FinishReason.STOP
+        elif detok.append(token):
+            reason = FinishReason.STOP
+        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            self.scheduler.remove(seq)
+            return self._finish(seq, reason, (token,))
+        return self._output(seq, (token,), detok.take_delta(False), None)
+
+    def _finish(self, seq: Sequence, reason: FinishReason, new_tokens: tuple[int, ...]) -> RequestOutput:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        detok = self._detok.pop(seq.request_id)
+        self._seqs.pop(seq.request_id, None)
+        self._generators.pop(seq.request_id, None)
+        return self._output(seq, new_tokens, detok.take_delta(True), reason)
+
+    @staticmethod
+    def _output(seq: Sequence, new_tokens: tuple[int, ...], text: str, reason: FinishReason | None) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=new_tokens,
+            text_delta=text,
+            finish_reason=reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+        )
+
+    def _validate(self, request: EngineRequest) -> None:
+        rid = request.request_id
+        if rid in self._seqs:
+            raise RequestError(f"request {rid!r} is already in the engine")
+        n = len(request.prompt_token_ids)
+        if n == 0:
+            raise RequestError(f"request {rid!r} has an empty prompt")
+        vocab = self.artifacts.dims.vocab_size
+        if any(not 0 <= t < vocab for t in request.prompt_token_ids):
+            raise RequestError(f"request {rid!r} has token ids outside [0, {vocab})")
+        total = n + request.params.max_tokens
+        if total > self.max_model_len:
+            raise RequestError(f"request {rid!r}: {n} prompt + {request.params.max_tokens} output tokens exceed {self.max_model_len}")
+        if self.blocks.blocks_needed(total) > self.blocks.num_blocks:
+            raise RequestError(f"request {rid!r} needs more KV blocks than the pool has ({self.blocks.num_blocks})")
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for value in (getattr(self.artifacts.config, "eos_token_id", None), getattr(self.tokenizer, "eos_token_id", None)):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return frozenset(ids)

@@ -1,0 +1,42 @@
+"""API keys: shown once at creation, stored and transported only as SHA-256.
+
+Keys carry 256 random bits, so a plain (unsalted) SHA-256 is enough to make
+the stored value useless to an attacker while keeping lookup a primary-key hit.
+"""
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+
+import psycopg
+
+KEY_PREFIX = "llm"
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    plain: str
+    hash: str
+    prefix: str  # safe to display: identifies the key without revealing it
+
+
+def hash_api_key(plain: str) -> str:
+    return hashlib.sha256(plain.encode("utf-8")).hexdigest()
+
+
+def issue_api_key() -> IssuedKey:
+    secret = secrets.token_urlsafe(32)
+    plain = f"{KEY_PREFIX}_{secret}"
+    return IssuedKey(plain=plain, hash=hash_api_key(plain), prefix=plain[:10])
+
+
+def authenticate(conn: psycopg.Connection, presented: str | None) -> str | None:
+    """The tenant id of a live key, or None. Only the hash is ever compared or stored."""
+    if not presented or not presented.startswith(f"{KEY_PREFIX}_") or len(presented) > 256:
+        return None
+    row = conn.execute(
+        "SELECT tenant_id FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL",
+        (hash_api_key(presented),),
+    ).fetchone()
+    return row[0] if row else None

@@ -1,0 +1,66 @@
+"""Creating a tenant is an event: publish TenantRegistered, then project it into Postgres."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import psycopg
+
+from consumers.kafka.clients import make_consumer, make_producer, publish
+from consumers.kafka.dead_letters import DeadLetterRouter
+from producers.api_keys import issue_api_key
+from projections import tenants as tenant_projection
+from projections.catch_up import catch_up
+from schemas.registry_events import TenantRegistered
+from schemas.topics import TENANTS
+from schemas.values import TenantLimits
+
+TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+
+class TenantExists(Exception):
+    pass
+
+
+class InvalidTenantName(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class CreatedTenant:
+    tenant_id: str
+    api_key: str
+
+
+async def create_tenant(bootstrap: str, database_url: str, name: str, limits: TenantLimits) -> CreatedTenant:
+    """Register a new tenant; the tenant id is its name (lowercase slug), unique by construction."""
+    if not TENANT_NAME.match(name):
+        raise InvalidTenantName(f"tenant name {name!r} must match {TENANT_NAME.pattern}")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        await project_tenants(bootstrap, conn)
+        if conn.execute("SELECT 1 FROM tenants WHERE tenant_id = %s", (name,)).fetchone():
+            raise TenantExists(f"tenant {name!r} already exists")
+        key = issue_api_key()
+        event = TenantRegistered(tenant_id=name, name=name, limits=limits,
+                                 api_key_hash=key.hash, api_key_prefix=key.prefix)
+        producer = make_producer(bootstrap)
+        await producer.start()
+        try:
+            await publish(producer, TENANTS, event)
+        finally:
+            await producer.stop()
+        await project_tenants(bootstrap, conn)
+    return CreatedTenant(tenant_id=name, api_key=key.plain)
+
+
+async def project_tenants(bootstrap: str, conn: psycopg.Connection) -> int:
+    consumer = make_consumer(bootstrap)
+    producer = make_producer(bootstrap)
+    await consumer.start()
+    await producer.start()
+    try:
+        return await catch_up(consumer, conn, DeadLetterRouter(producer), tenant_projection.NAME, TENANTS,
+                              tenant_projection.apply)
+    finally:
+        await consumer.stop()
+        await producer.stop()

@@ -1,0 +1,38 @@
+"""Projection offsets stored next to the rows they produced, with compare-and-set.
+
+A projection writes its rows and `projection_offsets` in one transaction. The
+offset update names the offset it expects to replace; a consumer that lost
+its partition in a rebalance (and so expects an older offset) updates zero
+rows, raises StaleOffset, and its whole transaction rolls back.
+"""
+from __future__ import annotations
+
+import psycopg
+
+
+class StaleOffset(Exception):
+    """Another consumer already advanced this partition: apply nothing."""
+
+
+def load_offsets(conn: psycopg.Connection, projection: str, topic: str) -> dict[int, int]:
+    rows = conn.execute(
+        "SELECT partition, next_offset FROM projection_offsets WHERE projection = %s AND topic = %s",
+        (projection, topic),
+    ).fetchall()
+    return {partition: offset for partition, offset in rows}
+
+
+def advance(conn: psycopg.Connection, projection: str, topic: str, partition: int,
+            expected: int | None, next_offset: int) -> None:
+    """Move the stored offset from `expected` (None: no row yet) to `next_offset`, or raise StaleOffset."""
+    if expected is None:
+        cur = conn.execute(
+            "INSERT INTO projection_offsets (projection, topic, partition, next_offset) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING", (projection, topic, partition, next_offset))
+    else:
+        cur = conn.execute(
+            "UPDATE projection_offsets SET next_offset = %s "
+            "WHERE projection = %s AND topic = %s AND partition = %s AND next_offset = %s",
+            (next_offset, projection, topic, partition, expected))
+    if cur.rowcount != 1:
+        raise StaleOffset(f"{projection} {topic}[{partition}]: expected offset {expected} is no longer current")

@@ -1,0 +1,37 @@
+"""Tenant registry projection: `llm.tenants` -> tenants, api_keys."""
+from __future__ import annotations
+
+import psycopg
+
+from schemas.registry_events import TenantRegistered
+
+NAME = "tenants"
+
+
+def apply(conn: psycopg.Connection, event: TenantRegistered) -> None:
+    """Upsert the tenant's current state; its previous keys are revoked at the event's time."""
+    limits = event.limits
+    conn.execute(
+        """
+        INSERT INTO tenants (tenant_id, name, weight, max_tokens_in_flight, tokens_per_minute,
+                             max_concurrency, max_queued_tokens, registered_at)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+        ON CONFLICT (tenant_id) DO UPDATE SET
+            name = EXCLUDED.name, weight = EXCLUDED.weight,
+            max_tokens_in_flight = EXCLUDED.max_tokens_in_flight,
+            tokens_per_minute = EXCLUDED.tokens_per_minute,
+            max_concurrency = EXCLUDED.max_concurrency,
+            max_queued_tokens = EXCLUDED.max_queued_tokens
+        """,
+        (event.tenant_id, event.name, limits.weight, limits.max_tokens_in_flight, limits.tokens_per_minute,
+         limits.max_concurrency, limits.max_queued_tokens, event.occurred_at),
+    )
+    conn.execute(
+        "INSERT INTO api_keys (key_hash, tenant_id, key_prefix, issued_at) VALUES (%s, %s, %s, %s) "
+        "ON CONFLICT (key_hash) DO NOTHING",
+        (event.api_key_hash, event.tenant_id, event.api_key_prefix, event.occurred_at),
+    )
+    conn.execute(
+        "UPDATE api_keys SET revoked_at = %s WHERE tenant_id = %s AND key_hash <> %s AND revoked_at IS NULL",
+        (event.occurred_at, event.tenant_id, event.api_key_hash),
+    )
