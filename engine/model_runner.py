@@ -50,8 +50,10 @@ class ModelRunner:
                 slots.append(seq.block_table[pos // bs] * bs + pos % bs)
                 contexts.append(pos + 1)
                 tables.append(seq.block_table)
-                logits_rows.append(row)
-                sampling.append(chunk)
+                # A one-token chunk can also be the middle of a prompt.
+                if chunk.samples:
+                    logits_rows.append(row)
+                    sampling.append(chunk)
             decode_slots, decode_bias = self._decode_tables(tables, contexts)
 
         prefills = []

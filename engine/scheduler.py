@@ -126,10 +126,13 @@ class Scheduler:
                 scheduled[id(seq)] = ScheduledChunk(seq, n)
                 budget -= n
 
+        # Running chunks are charged only now: a chunk can still be withdrawn
+        # by a later preemption in the loop above.
+        for chunk in scheduled.values():
+            self._charge(chunk)
         self._admit(budget, scheduled, out)
         for chunk in scheduled.values():
             (out.decodes if chunk.num_tokens == 1 else out.prefills).append(chunk)
-            self._charge(chunk)
         return out
 
     def _admit(self, budget: int, scheduled: dict[int, ScheduledChunk], out: SchedulerOutput) -> None:
@@ -158,7 +161,11 @@ class Scheduler:
             seq.started = True
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            scheduled[id(seq)] = ScheduledChunk(seq, n)
+            chunk = ScheduledChunk(seq, n)
+            scheduled[id(seq)] = chunk
+            # Charged now, not at the end of the step, so the next pick in
+            # this same loop already sees this tenant's new share.
+            self._charge(chunk)
             budget -= n
 
     def _next_tenant(self) -> str | None:

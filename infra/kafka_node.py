@@ -131,10 +131,11 @@ class KafkaNode:
         if self.is_ours_running(record):
             return record
         java = self.java()
+        # A configured port must be free; a remembered or default one is only a preference.
+        port = _claim(port, record.port or 19092, "Kafka broker", "LEDGERLM_KAFKA_PORT")
+        controller_port = _claim(controller_port, int(record.extra.get("controller_port", 0)) or 19093,
+                                 "Kafka controller", "LEDGERLM_KAFKA_CONTROLLER_PORT", avoid=port)
         self.resolve_jars()
-        port = _claim(port or record.port, 19092, "Kafka broker", "LEDGERLM_KAFKA_PORT")
-        controller_port = _claim(controller_port or int(record.extra.get("controller_port", 0)) or None,
-                                 19093, "Kafka controller", "LEDGERLM_KAFKA_CONTROLLER_PORT", avoid=port)
         props = self._write_configs(port, controller_port)
         self._format(java, props)
         pid = spawn(

@@ -1,7 +1,7 @@
 """Where the CLI finds Kafka and PostgreSQL: the environment, else what `infra up` started."""
 from __future__ import annotations
 
-from ledgerlm.cli.main import CliError
+from ledgerlm.cli.errors import CliError
 from ledgerlm.settings import Settings
 
 

@@ -5,7 +5,7 @@ import argparse
 import json
 import time
 
-from ledgerlm.cli.main import CliError
+from ledgerlm.cli.errors import CliError
 from ledgerlm.settings import Settings
 
 

@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from ledgerlm.cli.errors import CliError
+
 COMMAND_MODULES = (
     "ledgerlm.cli.infra_cmd",
     "ledgerlm.cli.topics_cmd",
@@ -20,10 +22,6 @@ COMMAND_MODULES = (
     "ledgerlm.cli.models_cmd",
     "ledgerlm.cli.bench_cmd",
 )
-
-
-class CliError(Exception):
-    """A user-facing failure: printed as one line, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

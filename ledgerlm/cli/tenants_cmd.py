@@ -6,7 +6,7 @@ import asyncio
 import json
 
 from ledgerlm.cli.endpoints import database_url, kafka_bootstrap
-from ledgerlm.cli.main import CliError
+from ledgerlm.cli.errors import CliError
 from ledgerlm.settings import Settings
 
 

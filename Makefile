@@ -1,0 +1,38 @@
+# ledgerlm: `make run` brings the stack up; `make test` runs every test against real services.
+VENV    ?= .venv
+PYTHON  ?= python3
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed-stamp
+
+.PHONY: run test venv system-deps services down status clean
+
+run: services
+	$(BIN)/ledgerlm infra status
+
+test: services
+	$(BIN)/python -m pytest -q
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+system-deps:
+	bash infra/scripts/system-deps.sh
+
+services: system-deps venv
+	$(BIN)/ledgerlm infra up
+	$(BIN)/ledgerlm db upgrade
+	$(BIN)/ledgerlm topics ensure
+
+down:
+	$(BIN)/ledgerlm infra down
+
+status:
+	$(BIN)/ledgerlm infra status
+
+clean: down
+	rm -rf .ledgerlm

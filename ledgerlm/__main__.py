@@ -1,0 +1,5 @@
+import sys
+
+from ledgerlm.cli.main import main
+
+sys.exit(main())

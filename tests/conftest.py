@@ -1,0 +1,72 @@
+"""Session fixtures: real services, migrated database, declared topics."""
+from __future__ import annotations
+
+import asyncio
+import os
+
+import psycopg
+import pytest
+
+from ledgerlm.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    return Settings()
+
+
+@pytest.fixture(scope="session")
+def services(settings):
+    from infra.errors import InfraError
+    from tests.services import start_services
+
+    try:
+        running = start_services(settings)
+    except InfraError as exc:
+        pytest.exit(f"real Kafka/PostgreSQL could not start, integration tests cannot run: {exc}", returncode=3)
+    os.environ.setdefault("LEDGERLM_KAFKA_BOOTSTRAP", running.endpoints.kafka_bootstrap)
+    os.environ.setdefault("LEDGERLM_DATABASE_URL", running.endpoints.database_url)
+    yield running.endpoints
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def bootstrap(services) -> str:
+    return services.kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def database_url(services) -> str:
+    from migrations import runner
+
+    runner.upgrade(services.database_url)
+    return services.database_url
+
+
+@pytest.fixture(scope="session")
+def topics(bootstrap, settings):
+    from consumers.kafka.topic_admin import TopicAdmin
+
+    async def ensure():
+        async with TopicAdmin(bootstrap, settings.topic_partitions, settings.topic_replication_factor) as admin:
+            return await admin.ensure()
+
+    report = asyncio.run(ensure())
+    assert not report.drift, f"declared topics drifted: {report.drift}"
+    return report
+
+
+@pytest.fixture
+def conn(database_url):
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        yield connection
+
+
+@pytest.fixture
+async def producer(bootstrap, topics):
+    from consumers.kafka.clients import make_producer
+
+    p = make_producer(bootstrap)
+    await p.start()
+    yield p
+    await p.stop()

@@ -1,0 +1,86 @@
+"""Factories: one valid instance of every record type, with unique ids."""
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from schemas.changelog import IdentityRecorded, TenantBudgetState
+from schemas.commands import CancelGeneration, ReleaseReservation, SubmitGeneration
+from schemas.dead_letter import DeadLetter
+from schemas.dispatch import CancelAttempt, StartAttempt
+from schemas.envelope import Envelope
+from schemas.lifecycle import (
+    Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Interrupted, Rejected,
+    UsageReported,
+)
+from schemas.registry_events import ModelVersionRegistered, TenantRegistered, WorkerHeartbeat
+from schemas.replies import AdmissionDecision
+from schemas.stream import StreamFinished, TokensEmitted
+from schemas.values import SamplingParams, TenantLimits, Usage
+
+HASH = "ab" * 32
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def make_usage(**counts: int) -> Usage:
+    return Usage(**{"processed_input_tokens": 100, "cached_input_tokens": 32, "generated_output_tokens": 20,
+                    **counts})
+
+
+def make_event(type_name: str, tenant_id: str | None = None, generation_id: str | None = None) -> Envelope:
+    tenant = tenant_id or uid("tenant")
+    gen = generation_id or uid("gen")
+    scoped = {"tenant_id": tenant, "generation_id": gen}
+    sampling = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=7, stop=("\n\n",), stop_token_ids=(2,))
+    factories = {
+        "SubmitGeneration": lambda: SubmitGeneration(
+            tenant_id=tenant, request_id=uid("req"), gateway_id="gw-1", correlation_id=uid("corr"),
+            model_version="demo-tiny@1", input_token_ids=(1, 5, 9, 300), max_output_tokens=64,
+            sampling=sampling, tier="batch", payload_hash=HASH),
+        "CancelGeneration": lambda: CancelGeneration(tenant_id=tenant, generation_id=gen, gateway_id="gw-1",
+                                                     correlation_id=uid("corr")),
+        "ReleaseReservation": lambda: ReleaseReservation(tenant_id=tenant, generation_id=gen, epoch=1,
+                                                         used_tokens=120),
+        "AdmissionDecision": lambda: AdmissionDecision(
+            tenant_id=tenant, gateway_id="gw-1", correlation_id=uid("corr"), request_id=uid("req"),
+            outcome="rejected", http_status=429, error_code="tenant_budget", reason="tokens in flight",
+            retry_after_ms=1500),
+        "StartAttempt": lambda: StartAttempt(
+            **scoped, epoch=1, worker_id="worker-a", model_version="demo-tiny@1", input_token_ids=(1, 2, 3),
+            max_output_tokens=16, sampling=sampling, weight=2.0,
+            deadline_at=datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=30)),
+        "CancelAttempt": lambda: CancelAttempt(**scoped, epoch=2, worker_id="worker-a"),
+        "Admitted": lambda: Admitted(**scoped, epoch=1, request_id=uid("req"), model_version="demo-tiny@1",
+                                     input_tokens=4, max_output_tokens=64, reserved_tokens=68,
+                                     payload_hash=HASH, sampling=sampling),
+        "AttemptStarted": lambda: AttemptStarted(**scoped, epoch=1, worker_id="worker-a"),
+        "CancelRequested": lambda: CancelRequested(**scoped, epoch=1),
+        "UsageReported": lambda: UsageReported(**scoped, epoch=1, report_seq=3, usage=make_usage()),
+        "Completed": lambda: Completed(**scoped, epoch=1, finish_reason="stop", usage=make_usage()),
+        "Canceled": lambda: Canceled(**scoped, epoch=1, usage=make_usage()),
+        "Interrupted": lambda: Interrupted(**scoped, epoch=1, worker_id="worker-a"),
+        "Expired": lambda: Expired(**scoped),
+        "Rejected": lambda: Rejected(**scoped, error_code="no_capacity", reason="no worker could reserve KV"),
+        "TokensEmitted": lambda: TokensEmitted(**scoped, epoch=1, seq=1, token_ids=(17, 18),
+                                               text_delta="h\u00e9llo \U0001f600"),
+        "StreamFinished": lambda: StreamFinished(**scoped, epoch=1, seq=9, reason="interrupted",
+                                                 usage=make_usage(), usage_label="interrupted"),
+        "WorkerHeartbeat": lambda: WorkerHeartbeat(worker_id=uid("worker"), model_versions=("demo-tiny@1",),
+                                                   total_blocks=512, free_blocks=300, block_size=16, running=3,
+                                                   queued_tokens=900),
+        "ModelVersionRegistered": lambda: ModelVersionRegistered(
+            model_version=uid("model"), name="demo-tiny", checksums={"model.safetensors": HASH},
+            max_context_tokens=2048, kv_bytes_per_token=4096, registered_at=datetime(2026, 1, 1, tzinfo=UTC)),
+        "TenantRegistered": lambda: TenantRegistered(tenant_id=tenant, name=tenant, limits=TenantLimits(weight=3),
+                                                     api_key_hash=HASH, api_key_prefix="llm_abc"),
+        "IdentityRecorded": lambda: IdentityRecorded(tenant_id=tenant, request_id=uid("req"),
+                                                     generation_id=gen, payload_hash=HASH),
+        "TenantBudgetState": lambda: TenantBudgetState(tenant_id=tenant, tokens_in_flight=10, concurrency=1,
+                                                       queued_tokens=0),
+        "DeadLetter": lambda: DeadLetter(source_topic="llm.generations", partition=2, offset=41, key_b64=None,
+                                         error_class="MalformedRecord", reason="not JSON", payload_b64="AAE="),
+    }
+    return factories[type_name]()

@@ -1,0 +1,87 @@
+"""Tenants are events projected into Postgres; API keys authenticate by hash and are stored nowhere in plain."""
+import hashlib
+import uuid
+
+import psycopg
+from aiokafka import TopicPartition
+
+from consumers.kafka.clients import make_consumer
+from producers.api_keys import authenticate
+from producers.tenant_admin import TenantExists, create_tenant
+from schemas.topics import TENANTS
+from schemas.values import TenantLimits
+
+
+def tenant_name() -> str:
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+async def test_created_key_authenticates_by_hash(bootstrap, database_url, topics):
+    name = tenant_name()
+    created = await create_tenant(bootstrap, database_url, name, TenantLimits(weight=2.5, max_concurrency=7))
+    with psycopg.connect(database_url) as conn:
+        assert authenticate(conn, created.api_key) == name
+        assert authenticate(conn, created.api_key[:-1] + ("A" if created.api_key[-1] != "A" else "B")) is None
+        assert authenticate(conn, "") is None
+        assert authenticate(conn, None) is None
+        stored = conn.execute("SELECT key_hash FROM api_keys WHERE tenant_id = %s", (name,)).fetchall()
+        limits = conn.execute("SELECT weight, max_concurrency FROM tenants WHERE tenant_id = %s", (name,)).fetchone()
+    assert stored == [(hashlib.sha256(created.api_key.encode()).hexdigest(),)]
+    assert limits == (2.5, 7)
+
+
+async def test_plain_key_is_stored_nowhere(bootstrap, database_url, topics):
+    name = tenant_name()
+    created = await create_tenant(bootstrap, database_url, name, TenantLimits())
+    secret = created.api_key.encode()
+    with psycopg.connect(database_url) as conn:
+        tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
+        for table in tables:
+            hits = conn.execute(f"SELECT count(*) FROM {table} t WHERE t::text LIKE %s",
+                                (f"%{created.api_key}%",)).fetchone()[0]
+            assert hits == 0, f"plain key found in table {table}"
+    consumer = make_consumer(bootstrap)
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(TENANTS, p) for p in range(6)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        seen = 0
+        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                for record in records:
+                    seen += 1
+                    assert secret not in record.value
+    finally:
+        await consumer.stop()
+    assert seen >= 1
+
+
+async def test_duplicate_tenant_is_refused(bootstrap, database_url, topics):
+    name = tenant_name()
+    await create_tenant(bootstrap, database_url, name, TenantLimits())
+    try:
+        await create_tenant(bootstrap, database_url, name, TenantLimits())
+    except TenantExists as exc:
+        assert name in str(exc)
+    else:
+        raise AssertionError("a second tenant with the same name was created")
+
+
+def test_cli_prints_tenant_id_and_key_once_as_json(services, topics, database_url):
+    import json
+    import subprocess
+    import sys
+
+    name = tenant_name()
+    result = subprocess.run([sys.executable, "-m", "ledgerlm.cli.main", "tenants", "create", name, "--weight", "3",
+                             "--max-concurrency", "5", "--json"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    assert printed["tenantId"] == name and printed["apiKey"].startswith("llm_")
+    with psycopg.connect(database_url) as conn:
+        assert authenticate(conn, printed["apiKey"]) == name
+    refused = subprocess.run([sys.executable, "-m", "ledgerlm.cli.main", "tenants", "create", "Not A Slug"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "must match" in refused.stderr

@@ -1,0 +1,62 @@
+"""Real Kafka and PostgreSQL for the test session, in this order of preference:
+
+1. `LEDGERLM_KAFKA_BOOTSTRAP` / `LEDGERLM_DATABASE_URL`: existing services;
+2. a reachable Docker engine: testcontainers (official Kafka and Postgres images);
+3. otherwise the project's own local services (`ledgerlm infra up`).
+
+Never skipped: if none of these can start, the session fails with the reason.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from infra.services import Endpoints, LocalServices
+from ledgerlm.settings import Settings
+
+KAFKA_IMAGE = "apache/kafka:4.1.1"
+POSTGRES_IMAGE = "postgres:16"
+
+
+@dataclass
+class RunningServices:
+    endpoints: Endpoints
+    how: str
+    containers: tuple = ()
+
+    def stop(self) -> None:
+        for container in self.containers:
+            container.stop()
+
+
+def docker_reachable() -> bool:
+    docker = shutil.which("docker")
+    if docker is None:
+        return False
+    try:
+        return subprocess.run([docker, "info"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def start_services(settings: Settings) -> RunningServices:
+    if settings.kafka_bootstrap and settings.database_url:
+        return RunningServices(Endpoints(settings.kafka_bootstrap, settings.database_url), "external")
+    if docker_reachable() and os.environ.get("LEDGERLM_TEST_LOCAL_SERVICES") != "1":
+        return _start_containers()
+    return RunningServices(LocalServices(settings).up(), "local")
+
+
+def _start_containers() -> RunningServices:
+    from testcontainers.kafka import KafkaContainer
+    from testcontainers.postgres import PostgresContainer
+
+    kafka = KafkaContainer(KAFKA_IMAGE).with_kraft()
+    # testcontainers defaults to the psycopg2 driver; we use psycopg 3 and plain libpq URLs.
+    postgres = PostgresContainer(POSTGRES_IMAGE, driver=None)
+    kafka.start()
+    postgres.start()
+    endpoints = Endpoints(kafka.get_bootstrap_server(), postgres.get_connection_url())
+    return RunningServices(endpoints, "testcontainers", (kafka, postgres))
