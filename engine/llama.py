@@ -75,23 +75,36 @@ class LlamaWeights:
         def take(name: str) -> torch.Tensor:
             return tensors[name].to(device=device, dtype=dtype).contiguous()
 
+        def maybe(name: str) -> torch.Tensor | None:
+            # Llama's attention_bias also puts a bias on o_proj; mlp_bias on the MLP.
+            return take(name) if name in tensors else None
+
+        def fused_bias(names: list[str], weights: list[torch.Tensor]) -> torch.Tensor | None:
+            biases = [maybe(n) for n in names]
+            if all(b is None for b in biases):
+                return None
+            return torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
+
         self.embed = take("model.embed_tokens.weight")
         self.norm = take("model.norm.weight")
         self.lm_head = self.embed if dims.tie_word_embeddings or "lm_head.weight" not in tensors else take("lm_head.weight")
         self.layers = []
         for i in range(dims.num_layers):
             p = f"model.layers.{i}."
-            qkv = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
-            bias = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if dims.qkv_bias else None
+            qkv_w = [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
+            gate_up_w = [take(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
             self.layers.append(
                 dict(
                     in_norm=take(p + "input_layernorm.weight"),
-                    qkv=qkv,
-                    qkv_bias=bias,
+                    qkv=torch.cat(qkv_w),
+                    qkv_bias=fused_bias([p + f"self_attn.{n}_proj.bias" for n in "qkv"], qkv_w),
                     o=take(p + "self_attn.o_proj.weight"),
+                    o_bias=maybe(p + "self_attn.o_proj.bias"),
                     post_norm=take(p + "post_attention_layernorm.weight"),
-                    gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
+                    gate_up=torch.cat(gate_up_w),
+                    gate_up_bias=fused_bias([p + f"mlp.{n}_proj.bias" for n in ("gate", "up")], gate_up_w),
                     down=take(p + "mlp.down_proj.weight"),
+                    down_bias=maybe(p + "mlp.down_proj.bias"),
                 )
             )
 
@@ -141,10 +154,10 @@ class LlamaModel:
             k_pool.index_copy_(1, batch.slot_mapping, k.transpose(0, 1))
             v_pool.index_copy_(1, batch.slot_mapping, v.transpose(0, 1))
             attn = self._attention(batch, q, k, v, k_pool, v_pool)
-            x = x + F.linear(attn, layer["o"])
+            x = x + F.linear(attn, layer["o"], layer["o_bias"])
             h = rms_norm(x, layer["post_norm"], d.rms_norm_eps)
-            gate, up = F.linear(h, layer["gate_up"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer["down"])
+            gate, up = F.linear(h, layer["gate_up"], layer["gate_up_bias"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer["down"], layer["down_bias"])
         x = rms_norm(x[batch.logits_indices], self.w.norm, d.rms_norm_eps)
         return F.linear(x, self.w.lm_head).float()
 

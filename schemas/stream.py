@@ -10,11 +10,14 @@ from schemas.values import EndReason, Usage
 
 
 class TokensEmitted(GenerationScoped):
+    """New output tokens; `token_count` is the cumulative output of this epoch after this event."""
+
     type: Literal["TokensEmitted"] = "TokensEmitted"
     epoch: int = Field(ge=1)
     seq: int = Field(ge=1)
     token_ids: tuple[int, ...]
     text_delta: str
+    token_count: int = Field(ge=0)
 
 
 class StreamFinished(GenerationScoped):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ledgerlm.cli.endpoints import database_url
+from ledgerlm.cli.errors import CliError
 from ledgerlm.settings import Settings
 
 
@@ -18,12 +19,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
     from migrations import runner
 
     url = database_url(Settings())
-    if args.action == "upgrade":
-        runner.upgrade(url, args.revision)
-    else:
-        runner.downgrade(url, args.revision)
+    try:
+        if args.action == "upgrade":
+            runner.upgrade(url, args.revision)
+        else:
+            runner.downgrade(url, args.revision)
+    except SQLAlchemyError as exc:
+        raise CliError(f"db {args.action} {args.revision} failed: {type(exc.orig or exc).__name__}: "
+                       f"{str(exc.orig or exc).splitlines()[0]}") from None
     print(f"db {args.action} {args.revision}: done")
     return 0

@@ -1,2 +1,67 @@
-def register(subparsers):
-    pass
+"""`ledgerlm models build-demo|manifest|verify`: offline model directories for the engine."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ledgerlm.cli.errors import CliError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    models = subparsers.add_parser("models", help="model directories (demo build, manifests)").add_subparsers(
+        dest="action", required=True)
+    build = models.add_parser("build-demo", help="build a seeded demo Llama model and tokenizer, no network")
+    build.add_argument("--out", required=True, type=Path, help="directory to create (must not exist or be empty)")
+    build.add_argument("--size", choices=("tiny", "small"), default="tiny")
+    build.add_argument("--train-steps", type=int, default=None, help="CPU training steps (default per size)")
+    build.add_argument("--seed", type=int, default=0)
+    build.set_defaults(handler=run_build_demo)
+
+    manifest = models.add_parser("manifest", help="write manifest.json (SHA-256 of every file) for a trusted checkpoint")
+    manifest.add_argument("dir", type=Path)
+    manifest.set_defaults(handler=run_manifest)
+
+    verify = models.add_parser("verify", help="check a model directory against its manifest and load it")
+    verify.add_argument("dir", type=Path)
+    verify.set_defaults(handler=run_verify)
+
+
+def run_build_demo(args: argparse.Namespace) -> int:
+    from engine.demo_model import SIZES, build_demo_model
+
+    if args.train_steps is not None and args.train_steps < 0:
+        raise CliError("--train-steps must be >= 0")
+    steps = SIZES[args.size].default_train_steps if args.train_steps is None else args.train_steps
+    print(f"building {args.size} demo model into {args.out} (seed {args.seed}, {steps} training steps)")
+    try:
+        out = build_demo_model(args.out, size=args.size, train_steps=steps, seed=args.seed,
+                               progress=sys.stderr.isatty(), log=print)
+    except FileExistsError as exc:
+        raise CliError(str(exc)) from None
+    print(f"wrote {out} (manifest.json lists every file's SHA-256)")
+    return 0
+
+
+def run_manifest(args: argparse.Namespace) -> int:
+    from engine.artifacts import write_manifest
+
+    if not args.dir.is_dir():
+        raise CliError(f"{args.dir} is not a directory")
+    files = write_manifest(args.dir)
+    print(f"wrote {args.dir / 'manifest.json'} ({len(files)} files)")
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from engine.artifacts import load_artifacts
+    from engine.errors import ArtifactError
+
+    try:
+        artifacts = load_artifacts(args.dir)
+    except ArtifactError as exc:
+        raise CliError(f"refused: {exc}") from None
+    d = artifacts.dims
+    print(f"ok: {artifacts.config.model_type}, {d.num_layers} layers, hidden {d.hidden_size}, "
+          f"{d.num_heads} heads / {d.num_kv_heads} KV heads, vocab {d.vocab_size}, {len(artifacts.checksums)} files")
+    return 0

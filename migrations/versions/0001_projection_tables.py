@@ -103,6 +103,21 @@ CREATE TABLE stream_events (
     PRIMARY KEY (generation_id, epoch, seq)
 );
 
+-- One row per generation: the newest epoch seen on llm.tokens and how far its stream got.
+-- `oldest_seq` is the first seq still in the resume buffer (a cursor before it has expired).
+CREATE TABLE stream_progress (
+    generation_id  text    PRIMARY KEY,
+    tenant_id      text    NOT NULL,
+    epoch          integer NOT NULL CHECK (epoch >= 1),
+    last_seq       integer NOT NULL CHECK (last_seq >= 0),
+    oldest_seq     integer NOT NULL CHECK (oldest_seq >= 1),
+    token_count    bigint  NOT NULL DEFAULT 0,
+    end_reason     text,
+    ended_at       timestamptz,
+    updated_at     timestamptz NOT NULL
+);
+CREATE INDEX stream_progress_ended ON stream_progress (ended_at) WHERE ended_at IS NOT NULL;
+
 CREATE TABLE usage_watermarks (
     generation_id            text    NOT NULL,
     epoch                    integer NOT NULL CHECK (epoch >= 1),
@@ -184,6 +199,7 @@ DROP TABLE billing_ledger;
 DROP FUNCTION billing_ledger_is_sealed();
 DROP TABLE usage_reports;
 DROP TABLE usage_watermarks;
+DROP TABLE stream_progress;
 DROP TABLE stream_events;
 DROP TABLE attempts;
 DROP TABLE generations;

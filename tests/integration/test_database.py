@@ -10,7 +10,7 @@ from migrations import runner
 from projections.offsets import StaleOffset, advance, load_offsets
 
 TABLES = {"alembic_version", "api_keys", "attempts", "billing_ledger", "generations", "model_versions",
-          "projection_offsets", "stream_events", "tenant_usage_hourly", "tenants", "usage_reconciliation",
+          "projection_offsets", "stream_events", "stream_progress", "tenant_usage_hourly", "tenants", "usage_reconciliation",
           "usage_reports", "usage_watermarks"}
 
 

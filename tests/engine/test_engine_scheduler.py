@@ -1,0 +1,90 @@
+"""Weighted fair queueing, deadlines, preemption victims."""
+from __future__ import annotations
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.request import EngineRequest, FinishReason, SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence, SequenceStatus
+from engine_factories import finish_of, make_request, run_engine, tokens_of
+
+
+def decode_shares(make_engine, weights: dict[str, float], counts: dict[str, int]) -> dict[str, int]:
+    """Generated tokens per tenant over the steps where every tenant still had queued work."""
+    engine = make_engine(max_num_seqs=8, tenant_weights=weights)
+    for tenant, n in counts.items():  # the flooding tenant submits everything first
+        for i in range(n):
+            engine.add_request(make_request(f"{tenant}{i}", [10 + i % 50] * 8, max_tokens=12, tenant=tenant))
+    served = {t: 0 for t in counts}
+    while all(engine.scheduler.waiting.get(t) for t in counts):
+        for out in engine.step():
+            served[out.request_id.rstrip("0123456789")] += len(out.new_token_ids)
+    return served
+
+
+def test_equal_weights_share_half_against_a_flood(make_engine):
+    served = decode_shares(make_engine, {"flood": 1.0, "calm": 1.0}, {"flood": 60, "calm": 20})
+    share = served["calm"] / (served["calm"] + served["flood"])
+    assert served["calm"] >= 80
+    assert 0.45 <= share <= 0.55, served
+
+
+def test_weights_3_to_1_give_3_to_1_shares(make_engine):
+    served = decode_shares(make_engine, {"gold": 3.0, "basic": 1.0}, {"gold": 60, "basic": 20})
+    ratio = served["gold"] / served["basic"]
+    assert served["basic"] >= 40
+    assert 2.7 <= ratio <= 3.3, served
+
+
+def test_deadline_passing_in_queue_expires_without_starting(make_engine):
+    now = [0.0]
+    engine = make_engine(max_num_seqs=1, clock=lambda: now[0])
+    engine.add_request(make_request("long", [5] * 10, max_tokens=6))
+    late = EngineRequest("late", (7,) * 10, SamplingParams(max_tokens=4), deadline=1.0)
+    ok = EngineRequest("ok", (8,) * 10, SamplingParams(max_tokens=4), deadline=100.0)
+    engine.add_request(late)
+    engine.add_request(ok)
+    outputs = {}
+    for out in engine.step():  # t=0: only "long" fits
+        outputs.setdefault(out.request_id, []).append(out)
+    assert "late" not in outputs
+    now[0] = 2.0
+    for rid, outs in run_engine(engine).items():
+        outputs.setdefault(rid, []).extend(outs)
+    assert [(o.finish_reason, o.new_token_ids, o.num_output_tokens) for o in outputs["late"]] == [
+        (FinishReason.EXPIRED, (), 0)
+    ]
+    assert finish_of(outputs["ok"]) is FinishReason.LENGTH and len(tokens_of(outputs["ok"])) == 4
+    assert len(tokens_of(outputs["long"])) == 6
+
+
+def make_running(scheduler: Scheduler, bm: BlockManager, rid: str, weight: float, arrival: int) -> Sequence:
+    seq = Sequence.from_request(EngineRequest(rid, (1,) * 4), arrival, weight)
+    assert bm.allocate(seq, 4)
+    seq.num_computed_tokens = 4
+    seq.token_ids.append(2)  # one sampled token: a decode is due, needing a second block
+    seq.status = SequenceStatus.RUNNING
+    seq.started = True
+    scheduler.running.append(seq)
+    return seq
+
+
+def test_preemption_picks_lowest_weight_then_newest():
+    bm = BlockManager(num_blocks=5, block_size=4)
+    sched = Scheduler(EngineConfig(max_num_seqs=8), bm, max_model_len=64)
+    heavy_new = make_running(sched, bm, "heavy_new", 2.0, arrival=3)
+    light_old = make_running(sched, bm, "light_old", 1.0, arrival=1)
+    light_new = make_running(sched, bm, "light_new", 1.0, arrival=2)
+    heavy_old = make_running(sched, bm, "heavy_old", 2.0, arrival=0)
+    out = sched.schedule(now=0.0)
+    # One free block, four decodes that each need a new one. heavy_old takes
+    # it; heavy_new gets light_new's block; light_old is then the least
+    # important running sequence itself and yields.
+    assert [s.request_id for s in out.preempted] == ["light_new", "light_old"]
+    assert [c.seq for c in out.decodes] == [heavy_old, heavy_new]
+    assert sched.running == [heavy_old, heavy_new]
+    assert light_new.status is SequenceStatus.WAITING and light_new.num_computed_tokens == 0
+    assert light_new.block_table == [] and light_old.block_table == []
+    assert list(sched.waiting["default"]) == [light_old, light_new]
+    assert sched.num_preemptions == 2
+    bm.check_invariants()
