@@ -28,9 +28,36 @@ class Settings(BaseSettings):
     postgres_port: int | None = Field(default=None, description="local PostgreSQL port; a free one when unset")
     postgres_database: str = "ledgerlm"
 
+    resume_buffer_events: int = Field(default=4096, ge=1, description="stream events kept per generation")
+    resume_buffer_after_end_s: float = Field(default=3600.0, ge=0, description="log time a finished stream is kept")
+    projector_group: str = "ledgerlm-projector"
+    projector_crash_after_batches: int | None = Field(default=None, description="fault injection for tests")
+
     topic_partitions: int = 6
     topic_replication_factor: int = 1
     startup_timeout_s: float = 60.0
+
+    # -- control plane (gateway, controller, worker) --
+    controller_group: str = Field(default="ledgerlm-controller",
+                                  description="consumer group of llm.commands; transactional ids derive from it")
+    controller_start: str = Field(default="earliest", description="where a new controller group starts reading")
+    lease_ms: int = Field(default=5000, ge=100, description="a worker silent this long loses its attempts")
+    heartbeat_interval_ms: int = Field(default=1000, ge=50)
+    lease_check_interval_ms: int = Field(default=250, ge=10)
+    interactive_queue_allowance_ms: int = Field(default=2000, ge=0)
+    batch_queue_allowance_ms: int = Field(default=60000, ge=0)
+    worker_decode_tokens_per_s: float = Field(default=200.0, gt=0, description="queue-time estimate for routing")
+    retry_after_ms: int = Field(default=1000, ge=1, description="base Retry-After for 429/503, jittered up to +50%")
+    max_refusals: int = Field(default=2, ge=0, description="reroutes after worker refusals before Rejected")
+    generation_deadline_s: float = Field(default=300.0, gt=0, description="an attempt must start within this")
+    admission_timeout_ms: int = Field(default=10000, ge=100)
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = Field(default=8080, ge=0)
+    worker_kv_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    worker_max_num_seqs: int = Field(default=32, ge=1)
+    worker_device: str = "auto"
+    usage_report_tokens: int = Field(default=16, ge=1, description="a watermark every N generated tokens")
+    usage_report_ms: int = Field(default=500, ge=1, description="... or every T ms, whichever first")
 
     @property
     def state_file(self) -> Path:

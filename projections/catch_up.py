@@ -11,8 +11,9 @@ import logging
 from collections.abc import Callable
 
 import psycopg
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
+from consumers.kafka.clients import partitions_of
 from consumers.kafka.dead_letters import DeadLetterRouter
 from projections.offsets import advance, load_offsets
 from schemas.envelope import Envelope
@@ -25,8 +26,7 @@ Apply = Callable[[psycopg.Connection, Envelope], None]
 async def catch_up(consumer: AIOKafkaConsumer, conn: psycopg.Connection, router: DeadLetterRouter,
                    projection: str, topic: str, apply: Apply, timeout_ms: int = 1000) -> int:
     """Project everything up to the end offsets seen now; returns the number of records applied."""
-    # The producer waits for metadata of a topic it has not seen; an assigned consumer does not.
-    partitions = [TopicPartition(topic, p) for p in sorted(await router.producer.partitions_for(topic))]
+    partitions = await partitions_of(consumer, topic)
     if not partitions:
         raise LookupError(f"topic {topic} has no partitions (run `ledgerlm topics ensure`)")
     consumer.assign(partitions)

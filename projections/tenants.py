@@ -1,11 +1,28 @@
 """Tenant registry projection: `llm.tenants` -> tenants, api_keys."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import psycopg
 
+from schemas.envelope import Envelope
 from schemas.registry_events import TenantRegistered
+from schemas.topics import TENANTS
 
 NAME = "tenants"
+
+
+class TenantsProjection:
+    name = NAME
+    topic = TENANTS
+
+    def tables(self) -> tuple[str, ...]:
+        return ("tenants", "api_keys")
+
+    def apply(self, conn: psycopg.Connection, events: Sequence[Envelope]) -> None:
+        for event in events:
+            if isinstance(event, TenantRegistered):
+                apply(conn, event)
 
 
 def apply(conn: psycopg.Connection, event: TenantRegistered) -> None:

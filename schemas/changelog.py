@@ -1,4 +1,15 @@
-"""Controller state on the compacted `llm.control-changelog` (co-partitioned with commands by tenant)."""
+"""Controller state on the compacted `llm.control-changelog` (co-partitioned with commands by tenant).
+
+Records are written to the partition of the tenant's `llm.commands` partition
+(explicitly, not by hashing their key), and keyed so compaction keeps the
+latest record per item:
+
+    IdentityRecorded    "<tenant>/g/<request id>"   one per generation, latest state
+    TenantBudgetState   "<tenant>/budget"           token-rate window of the tenant
+
+Tokens in flight and concurrency are not stored separately: they are the sums
+over a tenant's live generations, so a rebuild cannot disagree with them.
+"""
 from __future__ import annotations
 
 from typing import Literal
@@ -6,16 +17,30 @@ from typing import Literal
 from pydantic import Field
 
 from schemas.envelope import TenantScoped
+from schemas.values import Tier
+
+GenerationStatus = Literal["active", "canceling", "ended"]
 
 
 class IdentityRecorded(TenantScoped):
-    """(tenant, request id) -> generation id and the payload hash that makes a repeat idempotent."""
+    """(tenant, request id) -> generation id, payload hash, and the generation's control state."""
 
     type: Literal["IdentityRecorded"] = "IdentityRecorded"
     request_id: str = Field(min_length=1)
     generation_id: str = Field(min_length=1)
     payload_hash: str = Field(min_length=64, max_length=64)
-    status: Literal["active", "ended"] = "active"
+    status: GenerationStatus = "active"
+    model_version: str | None = None
+    tier: Tier = "interactive"
+    epoch: int | None = Field(default=None, ge=1)
+    worker_id: str | None = None
+    reserved_tokens: int = Field(default=0, ge=0)
+    input_tokens: int = Field(default=0, ge=0)
+    end_reason: str | None = None
+
+    @property
+    def changelog_key(self) -> str:
+        return f"{self.tenant_id}/g/{self.request_id}"
 
 
 class TenantBudgetState(TenantScoped):
@@ -23,3 +48,9 @@ class TenantBudgetState(TenantScoped):
     tokens_in_flight: int = Field(ge=0)
     concurrency: int = Field(ge=0)
     queued_tokens: int = Field(ge=0)
+    # (unix second, tokens) charged in the last minute: the token-rate window.
+    rate_buckets: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def changelog_key(self) -> str:
+        return f"{self.tenant_id}/budget"

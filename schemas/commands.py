@@ -38,3 +38,17 @@ class ReleaseReservation(TenantScoped):
     generation_id: str = Field(min_length=1)
     epoch: int = Field(ge=1)
     used_tokens: int = Field(ge=0)
+
+
+class AttemptRefused(TenantScoped):
+    """A worker could not reserve KV for an attempt; the controller reroutes or rejects.
+
+    Sent by the worker on `llm.commands` (key: tenant) so the controller that owns
+    the tenant's partition decides, in order with the tenant's other commands.
+    """
+
+    type: Literal["AttemptRefused"] = "AttemptRefused"
+    generation_id: str = Field(min_length=1)
+    epoch: int = Field(ge=1)
+    worker_id: str = Field(min_length=1)
+    reason: str = Field(min_length=1)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.envelope import GenerationScoped
+from schemas.envelope import Envelope, GenerationScoped
 from schemas.values import SamplingParams
 
 
@@ -29,3 +29,10 @@ class CancelAttempt(GenerationScoped):
     epoch: int = Field(ge=1)
     worker_id: str = Field(min_length=1)
     reason: str = "canceled"
+
+
+class DrainWorker(Envelope):
+    """Take no new attempts, finish the running ones, then exit (`ledgerlm workers drain ID`)."""
+
+    type: Literal["DrainWorker"] = "DrainWorker"
+    worker_id: str = Field(min_length=1)

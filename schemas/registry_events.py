@@ -21,6 +21,10 @@ class WorkerHeartbeat(Envelope):
     queued_tokens: int = Field(ge=0)
     draining: bool = False
     lease_ms: int = Field(default=5000, ge=1)
+    # False once the worker stopped (drained or shut down): routing skips it at once.
+    alive: bool = True
+    # Commands that named a stale epoch or an unknown attempt, ignored since start.
+    stale_commands: int = Field(default=0, ge=0)
 
 
 class ModelVersionRegistered(Envelope):
@@ -33,6 +37,12 @@ class ModelVersionRegistered(Envelope):
     max_context_tokens: int = Field(ge=1)
     kv_bytes_per_token: int = Field(ge=1)
     registered_at: datetime
+    # Where the verified files live, and what a worker/gateway must match to serve it.
+    source_uri: str | None = None
+    content_sha256: str | None = Field(default=None, min_length=64, max_length=64)
+    tokenizer_sha256: str | None = Field(default=None, min_length=64, max_length=64)
+    chat_template_sha256: str | None = Field(default=None, min_length=64, max_length=64)
+    runtime: dict[str, str] = Field(default_factory=dict)
 
 
 class TenantRegistered(Envelope):

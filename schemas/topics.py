@@ -2,7 +2,7 @@
 
     topic                   key             cleanup   retention
     llm.commands            tenant id       delete    30 d
-    llm.control-changelog   tenant id       compact   -
+    llm.control-changelog   tenant/item     compact   -
     llm.replies             gateway id      delete    1 h
     llm.dispatch            worker id       delete    1 d
     llm.generations         generation id   delete    forever (billing source of truth)
@@ -20,9 +20,9 @@ from typing import Literal
 from pydantic import BaseModel
 
 from schemas.changelog import IdentityRecorded, TenantBudgetState
-from schemas.commands import CancelGeneration, ReleaseReservation, SubmitGeneration
+from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
 from schemas.dead_letter import DeadLetter
-from schemas.dispatch import CancelAttempt, StartAttempt
+from schemas.dispatch import CancelAttempt, DrainWorker, StartAttempt
 from schemas.lifecycle import (
     Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Interrupted, Rejected,
     UsageReported,
@@ -73,15 +73,16 @@ class TopicSpec:
 
 
 TOPICS: tuple[TopicSpec, ...] = (
-    TopicSpec(COMMANDS, "tenant_id", (SubmitGeneration, CancelGeneration, ReleaseReservation),
+    TopicSpec(COMMANDS, "tenant_id", (SubmitGeneration, CancelGeneration, ReleaseReservation, AttemptRefused),
               "delete", 30 * DAY_MS, min_insync_replicas=2,
               description="Commands for the controller; one tenant's commands stay in order."),
-    TopicSpec(CONTROL_CHANGELOG, "tenant_id", (IdentityRecorded, TenantBudgetState), "compact",
+    # Written to the tenant's commands partition explicitly; the key names one item of state.
+    TopicSpec(CONTROL_CHANGELOG, "changelog_key", (IdentityRecorded, TenantBudgetState), "compact",
               min_insync_replicas=2, description="Controller state, rebuilt on partition assignment."),
     TopicSpec(REPLIES, "gateway_id", (AdmissionDecision,), "delete", HOUR_MS,
               description="Admission decisions routed back to the waiting gateway."),
-    TopicSpec(DISPATCH, "worker_id", (StartAttempt, CancelAttempt), "delete", DAY_MS,
-              description="Attempts to start or cancel on one worker."),
+    TopicSpec(DISPATCH, "worker_id", (StartAttempt, CancelAttempt, DrainWorker), "delete", DAY_MS,
+              description="Attempts to start or cancel on one worker, and drain orders."),
     TopicSpec(GENERATIONS, "generation_id",
               (Admitted, AttemptStarted, CancelRequested, UsageReported, Completed, Canceled, Interrupted,
                Expired, Rejected),

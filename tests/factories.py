@@ -5,9 +5,9 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from schemas.changelog import IdentityRecorded, TenantBudgetState
-from schemas.commands import CancelGeneration, ReleaseReservation, SubmitGeneration
+from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
 from schemas.dead_letter import DeadLetter
-from schemas.dispatch import CancelAttempt, StartAttempt
+from schemas.dispatch import CancelAttempt, DrainWorker, StartAttempt
 from schemas.envelope import Envelope
 from schemas.lifecycle import (
     Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Interrupted, Rejected,
@@ -44,6 +44,9 @@ def make_event(type_name: str, tenant_id: str | None = None, generation_id: str 
                                                      correlation_id=uid("corr")),
         "ReleaseReservation": lambda: ReleaseReservation(tenant_id=tenant, generation_id=gen, epoch=1,
                                                          used_tokens=120),
+        "AttemptRefused": lambda: AttemptRefused(tenant_id=tenant, generation_id=gen, epoch=1, worker_id="worker-a",
+                                                 reason="kv-full"),
+        "DrainWorker": lambda: DrainWorker(worker_id=uid("worker")),
         "AdmissionDecision": lambda: AdmissionDecision(
             tenant_id=tenant, gateway_id="gw-1", correlation_id=uid("corr"), request_id=uid("req"),
             outcome="rejected", http_status=429, error_code="tenant_budget", reason="tokens in flight",
@@ -77,9 +80,11 @@ def make_event(type_name: str, tenant_id: str | None = None, generation_id: str 
         "TenantRegistered": lambda: TenantRegistered(tenant_id=tenant, name=tenant, limits=TenantLimits(weight=3),
                                                      api_key_hash=HASH, api_key_prefix="llm_abc"),
         "IdentityRecorded": lambda: IdentityRecorded(tenant_id=tenant, request_id=uid("req"),
-                                                     generation_id=gen, payload_hash=HASH),
+                                                     generation_id=gen, payload_hash=HASH, status="canceling",
+                                                     model_version="demo-tiny@1", tier="batch", epoch=1,
+                                                     worker_id="worker-a", reserved_tokens=68, input_tokens=4),
         "TenantBudgetState": lambda: TenantBudgetState(tenant_id=tenant, tokens_in_flight=10, concurrency=1,
-                                                       queued_tokens=0),
+                                                       queued_tokens=0, rate_buckets=((1767225600, 68),)),
         "DeadLetter": lambda: DeadLetter(source_topic="llm.generations", partition=2, offset=41, key_b64=None,
                                          error_class="MalformedRecord", reason="not JSON", payload_b64="AAE="),
     }

@@ -6,7 +6,7 @@ only, with offsets committed explicitly by the code that applied them.
 """
 from __future__ import annotations
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from pydantic import BaseModel
 
 from schemas.codec import encode, record_headers, record_key
@@ -41,3 +41,10 @@ async def publish(producer: AIOKafkaProducer, topic: str, event: BaseModel, part
     return await producer.send_and_wait(
         topic, value=encode(event), key=record_key(topic, event), headers=record_headers(event), partition=partition,
     )
+
+
+async def partitions_of(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
+    """Every partition of `topic`, waiting for metadata a manually assigned consumer has not fetched yet."""
+    # aiokafka has no public "metadata for this topic" call on a consumer that did not subscribe to it.
+    found = await consumer._client._wait_on_metadata(topic)  # noqa: SLF001
+    return [TopicPartition(topic, p) for p in sorted(found)]

@@ -1,2 +1,37 @@
-def register(subparsers):
-    pass
+"""`ledgerlm bench engine [--quick] --json PATH`: benchmarks are programs with JSON output."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ledgerlm.cli.errors import CliError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    bench = subparsers.add_parser("bench", help="benchmarks (JSON output)").add_subparsers(dest="bench", required=True)
+    engine = bench.add_parser("engine", help="this engine vs transformers generate / continuous batching")
+    engine.add_argument("--json", required=True, type=Path, help="where to write the report")
+    engine.add_argument("--quick", action="store_true", help="16 shorter requests; finishes in under a minute")
+    engine.add_argument("--model-dir", type=Path, default=Path(".ledgerlm/models/small"),
+                        help="small demo model (built here if missing)")
+    engine.add_argument("--contenders", default="engine,hf_generate,hf_continuous")
+    engine.add_argument("--max-num-batched-tokens", type=int, default=512)
+    engine.add_argument("--seed", type=int, default=0)
+    engine.set_defaults(handler=run_engine_bench)
+
+
+def run_engine_bench(args: argparse.Namespace) -> int:
+    from bench.engine_bench import run_bench
+
+    contenders = tuple(c.strip() for c in args.contenders.split(",") if c.strip())
+    unknown = set(contenders) - {"engine", "hf_generate", "hf_continuous"}
+    if unknown:
+        raise CliError(f"unknown contenders: {', '.join(sorted(unknown))}")
+    report = run_bench(args.model_dir, quick=args.quick, contenders=contenders, seed=args.seed,
+                       max_num_batched_tokens=args.max_num_batched_tokens)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: report[k] for k in ("ratio_vs_hf_generate", "ratio_vs_hf_continuous")}))
+    print(f"wrote {args.json}")
+    return 0

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "ledgerlm.cli.docs_cmd",
     "ledgerlm.cli.models_cmd",
     "ledgerlm.cli.bench_cmd",
+    "ledgerlm.cli.project_cmd",
 )
 
 

@@ -117,6 +117,7 @@ CREATE TABLE stream_progress (
     updated_at     timestamptz NOT NULL
 );
 CREATE INDEX stream_progress_ended ON stream_progress (ended_at) WHERE ended_at IS NOT NULL;
+CREATE INDEX stream_progress_updated ON stream_progress (updated_at);
 
 CREATE TABLE usage_watermarks (
     generation_id            text    NOT NULL,

@@ -1,0 +1,211 @@
+"""The projector: Kafka -> Postgres with the consumed offsets stored beside the rows.
+
+    getmany ──► decode (bad record ─► llm.dlq) ──► [ BEGIN
+                                                     projection.apply(rows)
+                                                     projection_offsets CAS expected -> next
+                                                   COMMIT ]
+
+A consumer that lost its partition in a rebalance still expects the old
+offset; its compare-and-set matches no row, the transaction rolls back, and
+it re-seeks to whatever the new owner stored. Kafka's own committed offsets
+are never used: Postgres is the only place a position is remembered.
+
+Two modes: `run()` joins a consumer group and seeks to the stored offsets on
+every assignment; `catch_up()` assigns partitions itself and stops at given
+offsets (audit replay, benchmarks, tests).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from consumers.kafka.clients import make_consumer, partitions_of
+from projections.base import Projection
+from projections.offsets import StaleOffset, advance, load_offsets
+from schemas.codec import DecodeError, decode
+from schemas.envelope import Envelope
+
+log = logging.getLogger(__name__)
+
+Divert = Callable[[ConsumerRecord], Awaitable[Envelope | None]]
+
+
+@dataclass
+class ProjectorStats:
+    applied: dict[str, int] = field(default_factory=dict)
+    dead_lettered: dict[str, int] = field(default_factory=dict)
+    stale_refusals: int = 0
+    lag: dict[str, int] = field(default_factory=dict)
+
+
+def connect(database_url: str, schema: str | None = None) -> psycopg.Connection:
+    options = f"-c search_path={schema}" if schema else None
+    return psycopg.connect(database_url, options=options) if options else psycopg.connect(database_url)
+
+
+async def decode_quietly(record: ConsumerRecord) -> Envelope | None:
+    """For replays: an undecodable record was dead-lettered when first seen; skip it silently."""
+    try:
+        return decode(record.topic, record.value)
+    except DecodeError:
+        return None
+
+
+class Projector:
+    def __init__(self, bootstrap: str, database_url: str, projections: Sequence[Projection], *,
+                 divert: Divert = decode_quietly, schema: str | None = None,
+                 group_id: str = "ledgerlm-projector", max_records: int = 5000,
+                 crash_after_batches: int | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.by_topic = {p.topic: p for p in projections}
+        self.divert = divert
+        self.group_id = group_id
+        self.max_records = max_records
+        self.conn = connect(database_url, schema)
+        self.stored: dict[TopicPartition, int | None] = {}
+        self.stats = ProjectorStats()
+        self.crash_after_batches = crash_after_batches
+        self._batches = 0
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # -- positions ---------------------------------------------------------
+    def _load_stored(self, partitions: Sequence[TopicPartition]) -> None:
+        by_topic: dict[str, dict[int, int]] = {}
+        for tp in partitions:
+            if tp.topic not in by_topic:
+                by_topic[tp.topic] = load_offsets(self.conn, self.by_topic[tp.topic].name, tp.topic)
+            self.stored[tp] = by_topic[tp.topic].get(tp.partition)
+        self.conn.commit()
+
+    async def _seek_stored(self, consumer: AIOKafkaConsumer, partitions: Sequence[TopicPartition]) -> None:
+        await asyncio.to_thread(self._load_stored, partitions)
+        for tp in partitions:
+            if self.stored[tp] is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, self.stored[tp])
+
+    # -- applying ----------------------------------------------------------
+    async def _apply_records(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
+                             records: list[ConsumerRecord]) -> None:
+        projection = self.by_topic[tp.topic]
+        events = []
+        for record in records:
+            event = await self.divert(record)
+            if event is None:
+                self.stats.dead_lettered[projection.name] = self.stats.dead_lettered.get(projection.name, 0) + 1
+            else:
+                events.append(event)
+        try:
+            await asyncio.to_thread(self._commit_batch, projection, tp, events, records[-1].offset + 1)
+        except StaleOffset:
+            self.stats.stale_refusals += 1
+            log.warning("stale offset refused projection=%s topic=%s partition=%d; re-seeking",
+                        projection.name, tp.topic, tp.partition)
+            await self._seek_stored(consumer, [tp])
+            return
+        self.stats.applied[projection.name] = self.stats.applied.get(projection.name, 0) + len(events)
+
+    def _commit_batch(self, projection: Projection, tp: TopicPartition, events: list[Envelope],
+                      next_offset: int) -> None:
+        for attempt in range(5):
+            try:
+                with self.conn.transaction():
+                    projection.apply(self.conn, events)
+                    self._maybe_crash()
+                    advance(self.conn, projection.name, tp.topic, tp.partition, self.stored.get(tp), next_offset)
+                self.conn.commit()
+                self.stored[tp] = next_offset
+                return
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
+                self.conn.rollback()
+                log.warning("retrying batch projection=%s after lock conflict attempt=%d", projection.name, attempt)
+                time.sleep(0.05 * (attempt + 1))
+            except Exception:
+                self.conn.rollback()
+                raise
+        raise RuntimeError(f"{projection.name}: batch kept conflicting; giving up")
+
+    def _maybe_crash(self) -> None:
+        """Fault injection: die after the rows are written and before the commit."""
+        self._batches += 1
+        if self.crash_after_batches is not None and self._batches >= self.crash_after_batches:
+            log.error("fault injection: exiting before commit batch=%d", self._batches)
+            os._exit(86)
+
+    # -- modes -------------------------------------------------------------
+    async def run(self, stop: asyncio.Event, lag_every_s: float = 10.0) -> ProjectorStats:
+        """Consume as a group member until `stop` is set."""
+        consumer = make_consumer(self.bootstrap, group_id=self.group_id, client_id="ledgerlm-projector")
+        projector = self
+
+        class SeekToStored(ConsumerRebalanceListener):
+            async def on_partitions_revoked(self, revoked):
+                return None
+
+            async def on_partitions_assigned(self, assigned):
+                await projector._seek_stored(consumer, list(assigned))
+
+        consumer.subscribe(list(self.by_topic), listener=SeekToStored())
+        await consumer.start()
+        last_lag = 0.0
+        try:
+            while not stop.is_set():
+                batches = await consumer.getmany(timeout_ms=200, max_records=self.max_records)
+                for tp, records in batches.items():
+                    await self._apply_records(consumer, tp, records)
+                if time.monotonic() - last_lag > lag_every_s:
+                    await self._report_lag(consumer)
+                    last_lag = time.monotonic()
+        finally:
+            await consumer.stop()
+        return self.stats
+
+    async def _report_lag(self, consumer: AIOKafkaConsumer) -> None:
+        assigned = list(consumer.assignment())
+        if not assigned:
+            return
+        ends = await consumer.end_offsets(assigned)
+        lag: dict[str, int] = {}
+        for tp in assigned:
+            name = self.by_topic[tp.topic].name
+            lag[name] = lag.get(name, 0) + max(0, ends[tp] - (self.stored.get(tp) or 0))
+        self.stats.lag = lag
+        for name, behind in sorted(lag.items()):
+            log.info("projection lag projection=%s records=%d", name, behind)
+
+    async def catch_up(self, targets: dict[TopicPartition, int] | None = None) -> ProjectorStats:
+        """Apply every assigned partition from its stored offset up to `targets` (default: the end now)."""
+        consumer = make_consumer(self.bootstrap, client_id="ledgerlm-projector-catch-up")
+        await consumer.start()
+        try:
+            partitions = targets and list(targets) or await self._all_partitions(consumer)
+            consumer.assign(partitions)
+            await self._seek_stored(consumer, partitions)
+            targets = targets or await consumer.end_offsets(partitions)
+            pending = {tp for tp in partitions if await consumer.position(tp) < targets[tp]}
+            while pending:
+                batches = await consumer.getmany(*pending, timeout_ms=500, max_records=self.max_records)
+                for tp, records in batches.items():
+                    records = [r for r in records if r.offset < targets[tp]]
+                    if records:
+                        await self._apply_records(consumer, tp, records)
+                # Positions, not offsets: transaction markers leave gaps a record never fills.
+                pending = {tp for tp in pending if await consumer.position(tp) < targets[tp]}
+        finally:
+            await consumer.stop()
+        self.stats.lag = {}
+        return self.stats
+
+    async def _all_partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
+        return [tp for topic in self.by_topic for tp in await partitions_of(consumer, topic)]
