@@ -35,8 +35,9 @@ def authenticate(conn: psycopg.Connection, presented: str | None) -> str | None:
     """The tenant id of a live key, or None. Only the hash is ever compared or stored."""
     if not presented or not presented.startswith(f"{KEY_PREFIX}_") or len(presented) > 256:
         return None
-    row = conn.execute(
-        "SELECT tenant_id FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL",
+    rows = conn.execute(
+        "SELECT tenant_id FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL LIMIT 2",
         (hash_api_key(presented),),
-    ).fetchone()
-    return row[0] if row else None
+    ).fetchall()
+    # A hash claimed by two tenants is ambiguous: it authenticates nobody.
+    return rows[0][0] if len(rows) == 1 else None

@@ -45,7 +45,7 @@ def apply(conn: psycopg.Connection, event: TenantRegistered) -> None:
     )
     conn.execute(
         "INSERT INTO api_keys (key_hash, tenant_id, key_prefix, issued_at) VALUES (%s, %s, %s, %s) "
-        "ON CONFLICT (key_hash) DO NOTHING",
+        "ON CONFLICT (tenant_id, key_hash) DO NOTHING",
         (event.api_key_hash, event.tenant_id, event.api_key_prefix, event.occurred_at),
     )
     conn.execute(

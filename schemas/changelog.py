@@ -37,6 +37,7 @@ class IdentityRecorded(TenantScoped):
     reserved_tokens: int = Field(default=0, ge=0)
     input_tokens: int = Field(default=0, ge=0)
     end_reason: str | None = None
+    admitted_s: int | None = None  # unix second charged in the token-rate window
 
     @property
     def changelog_key(self) -> str:

@@ -5,6 +5,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from schemas.dispatch import StartAttempt
 from schemas.envelope import TenantScoped
 from schemas.values import SamplingParams, Tier
 
@@ -38,6 +39,7 @@ class ReleaseReservation(TenantScoped):
     generation_id: str = Field(min_length=1)
     epoch: int = Field(ge=1)
     used_tokens: int = Field(ge=0)
+    end_reason: str | None = None
 
 
 class AttemptRefused(TenantScoped):
@@ -52,3 +54,5 @@ class AttemptRefused(TenantScoped):
     epoch: int = Field(ge=1)
     worker_id: str = Field(min_length=1)
     reason: str = Field(min_length=1)
+    # The refused order itself, so any controller instance can reroute it without having kept it.
+    attempt: StartAttempt

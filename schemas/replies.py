@@ -12,7 +12,8 @@ class AdmissionDecision(TenantScoped):
     """The controller's answer to one SubmitGeneration / CancelGeneration.
 
     `http_status` is what the waiting HTTP call returns: 201 created, 200
-    existing, 409 conflicting payload, 429 budget, 503 no capacity.
+    existing, 409 conflicting payload, 429 budget, 503 no capacity;
+    for cancels 202 canceling, 200 already finished, 404 unknown.
     """
 
     type: Literal["AdmissionDecision"] = "AdmissionDecision"
@@ -25,3 +26,4 @@ class AdmissionDecision(TenantScoped):
     error_code: str | None = None
     reason: str | None = None
     retry_after_ms: int | None = Field(default=None, ge=0)
+    status: str | None = None  # the generation's control status for 200/202 answers

@@ -26,6 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify.add_argument("dir", type=Path)
     verify.set_defaults(handler=run_verify)
 
+    from ledgerlm.cli.model_register_cmd import add_register_parser  # control plane (issue 4)
+
+    add_register_parser(models)
+
 
 def run_build_demo(args: argparse.Namespace) -> int:
     from engine.demo_model import SIZES, build_demo_model

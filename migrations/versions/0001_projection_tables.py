@@ -36,14 +36,18 @@ CREATE TABLE tenants (
     registered_at         timestamptz NOT NULL
 );
 
+-- Keyed by (tenant, hash), not hash alone: if two tenants' events ever claimed one hash,
+-- a hash-only key would keep whichever partition was projected first (not a function of
+-- the log); this way both rows exist and authentication refuses the ambiguous key.
 CREATE TABLE api_keys (
-    key_hash    char(64) PRIMARY KEY,
     tenant_id   text NOT NULL REFERENCES tenants (tenant_id),
+    key_hash    char(64) NOT NULL,
     key_prefix  text NOT NULL,
     issued_at   timestamptz NOT NULL,
-    revoked_at  timestamptz
+    revoked_at  timestamptz,
+    PRIMARY KEY (tenant_id, key_hash)
 );
-CREATE INDEX api_keys_tenant ON api_keys (tenant_id);
+CREATE INDEX api_keys_hash ON api_keys (key_hash);
 
 CREATE TABLE model_versions (
     model_version       text PRIMARY KEY,

@@ -85,3 +85,17 @@ def test_cli_prints_tenant_id_and_key_once_as_json(services, topics, database_ur
     refused = subprocess.run([sys.executable, "-m", "ledgerlm.cli.main", "tenants", "create", "Not A Slug"],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "must match" in refused.stderr
+
+
+def test_a_key_hash_claimed_by_two_tenants_authenticates_nobody(conn):
+    from producers.api_keys import hash_api_key, issue_api_key
+
+    key = issue_api_key()
+    names = [tenant_name(), tenant_name()]
+    for name in names:
+        conn.execute("INSERT INTO tenants VALUES (%s, %s, 1, 1, 1, 1, 1, now())", (name, name))
+        conn.execute("INSERT INTO api_keys (tenant_id, key_hash, key_prefix, issued_at) VALUES (%s, %s, 'x', now())",
+                     (name, hash_api_key(key.plain)))
+    assert authenticate(conn, key.plain) is None
+    conn.execute("UPDATE api_keys SET revoked_at = now() WHERE tenant_id = %s", (names[0],))
+    assert authenticate(conn, key.plain) == names[1]

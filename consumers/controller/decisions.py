@@ -1,0 +1,245 @@
+"""What the controller decides, as a pure function of its state and one input.
+
+Each handler mutates the partition state and returns `Effects`: the records
+the runtime then writes in one Kafka transaction together with the consumed
+offsets. Nothing here touches Kafka, so every rule is testable in memory.
+
+    SubmitGeneration ─▶ 200 existing | 409 conflict | 404 model | 429 budget | 503 capacity | 201 admitted
+    CancelGeneration ─▶ 202 canceling (CancelRequested + CancelAttempt) | 200 finished | 404 unknown
+    AttemptRefused   ─▶ StartAttempt(epoch + 1) elsewhere | Rejected
+    ReleaseReservation / lease expiry ─▶ budget released (Interrupted on expiry)
+"""
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from consumers.controller.registry import WorkerRegistry
+from consumers.controller.state import PartitionState, TenantState
+from ledgerlm.settings import Settings
+from schemas.changelog import IdentityRecorded, TenantBudgetState
+from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
+from schemas.dispatch import CancelAttempt, StartAttempt
+from schemas.envelope import Envelope
+from schemas.lifecycle import Admitted, CancelRequested, Canceled, Interrupted, Rejected
+from schemas.registry_events import ModelVersionRegistered
+from schemas.replies import AdmissionDecision
+from schemas.values import TenantLimits
+
+
+@dataclass
+class Effects:
+    """Records to write atomically; `changelog` records go to the input partition of the changelog."""
+
+    generations: list[Envelope] = field(default_factory=list)
+    dispatch: list[Envelope] = field(default_factory=list)
+    replies: list[AdmissionDecision] = field(default_factory=list)
+    changelog: list[IdentityRecorded | TenantBudgetState] = field(default_factory=list)
+
+    def extend(self, other: "Effects") -> None:
+        self.generations += other.generations
+        self.dispatch += other.dispatch
+        self.replies += other.replies
+        self.changelog += other.changelog
+
+    def __bool__(self) -> bool:
+        return bool(self.generations or self.dispatch or self.replies or self.changelog)
+
+
+def new_generation_id() -> str:
+    return f"gen_{uuid.uuid4().hex}"
+
+
+class Decider:
+    """The controller's rules; `tenants`/`models` are the followed registries (shared, read-only here)."""
+
+    def __init__(self, settings: Settings, registry: WorkerRegistry, tenants: dict[str, TenantLimits],
+                 models: dict[str, ModelVersionRegistered], rng: random.Random | None = None) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.tenants = tenants
+        self.models = models
+        self.rng = rng or random.Random()
+
+    # -- helpers -------------------------------------------------------------------
+    def jittered_ms(self, base_ms: int) -> int:
+        """Retry-After spread over [base, 1.5 base] so refused clients do not return in lockstep."""
+        return int(base_ms * (1.0 + 0.5 * self.rng.random()))
+
+    def allowance_s(self, tier: str) -> float:
+        ms = self.settings.interactive_queue_allowance_ms if tier == "interactive" else \
+            self.settings.batch_queue_allowance_ms
+        return ms / 1000
+
+    def deadline(self, tier: str, now: datetime) -> datetime:
+        return now + timedelta(seconds=max(self.allowance_s(tier), 10.0))
+
+    @staticmethod
+    def reply(cmd: SubmitGeneration | CancelGeneration, outcome: str, status_code: int, **fields) -> AdmissionDecision:
+        return AdmissionDecision(tenant_id=cmd.tenant_id, gateway_id=cmd.gateway_id,
+                                 correlation_id=cmd.correlation_id, outcome=outcome, http_status=status_code,
+                                 **fields)
+
+    def _end(self, state: PartitionState, gen: IdentityRecorded, reason: str, now: datetime,
+             used_tokens: int | None = None) -> Effects:
+        """Mark a generation ended and give its reservation back (rate window down to actual use)."""
+        tenant = state.tenant(gen.tenant_id)
+        now_s = int(now.timestamp())
+        if used_tokens is not None and gen.admitted_s is not None and gen.admitted_s in tenant.rate:
+            tenant.rate[gen.admitted_s] -= max(0, gen.reserved_tokens - used_tokens)
+        ended = gen.model_copy(update={"status": "ended", "end_reason": reason})
+        state.record(ended)
+        self.registry.forget(gen.worker_id, gen.generation_id)
+        return Effects(changelog=[ended, tenant.budget_record(now_s)])
+
+    # -- SubmitGeneration --------------------------------------------------------------
+    def submit(self, state: PartitionState, cmd: SubmitGeneration, now: datetime) -> Effects:
+        tenant = state.tenant(cmd.tenant_id)
+        existing = tenant.generations.get(cmd.request_id)
+        if existing is not None:
+            if existing.payload_hash == cmd.payload_hash:
+                return Effects(replies=[self.reply(cmd, "existing", 200, request_id=cmd.request_id,
+                                                   generation_id=existing.generation_id,
+                                                   status=existing.status)])
+            return Effects(replies=[self.reply(
+                cmd, "conflict", 409, request_id=cmd.request_id, generation_id=existing.generation_id,
+                error_code="request_id_conflict",
+                reason="requestId was already used with a different payload")])
+        if cmd.model_version not in self.models:
+            return Effects(replies=[self.reply(cmd, "rejected", 404, request_id=cmd.request_id,
+                                               error_code="unknown_model",
+                                               reason=f"model version {cmd.model_version!r} is not registered")])
+        limits = self.tenants.get(cmd.tenant_id)
+        if limits is None:
+            return Effects(replies=[self.reply(cmd, "rejected", 503, request_id=cmd.request_id,
+                                               error_code="tenant_unknown", reason="tenant not yet known",
+                                               retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))])
+        reserved = len(cmd.input_token_ids) + cmd.max_output_tokens
+        refusal = self.over_budget(tenant, limits, reserved, now)
+        if refusal is not None:
+            code, reason, retry_ms = refusal
+            return Effects(replies=[self.reply(cmd, "rejected", 429, request_id=cmd.request_id, error_code=code,
+                                               reason=reason, retry_after_ms=self.jittered_ms(retry_ms))])
+        choice = self.registry.choose(cmd.model_version, reserved, self.allowance_s(cmd.tier),
+                                      self.settings.worker_decode_tokens_per_s, now.timestamp())
+        if choice is None:
+            return Effects(replies=[self.reply(
+                cmd, "rejected", 503, request_id=cmd.request_id, error_code="no_capacity",
+                reason=f"no ready worker with {cmd.model_version} and room within the {cmd.tier} allowance",
+                retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))])
+        return self.admit(state, tenant, limits, cmd, reserved, choice.worker_id, now)
+
+    def over_budget(self, tenant: TenantState, limits: TenantLimits, reserved: int,
+                    now: datetime) -> tuple[str, str, int] | None:
+        """(error code, reason, retry-after ms) of the first exhausted budget, or None."""
+        base = self.settings.retry_after_ms
+        if tenant.tokens_in_flight + reserved > limits.max_tokens_in_flight:
+            return ("tokens_in_flight",
+                    f"{tenant.tokens_in_flight} tokens in flight + {reserved} exceed {limits.max_tokens_in_flight}",
+                    base)
+        if tenant.concurrency + 1 > limits.max_concurrency:
+            return "concurrency", f"{tenant.concurrency} generations running (max {limits.max_concurrency})", base
+        now_s = int(now.timestamp())
+        wait_s = tenant.seconds_until_room(now_s, reserved, limits.tokens_per_minute)
+        if wait_s:
+            return ("token_rate", f"{tenant.tokens_in_window(now_s)} tokens this minute + {reserved} exceed "
+                                  f"{limits.tokens_per_minute}", wait_s * 1000)
+        return None
+
+    def admit(self, state: PartitionState, tenant: TenantState, limits: TenantLimits, cmd: SubmitGeneration,
+              reserved: int, worker_id: str, now: datetime) -> Effects:
+        gen_id = new_generation_id()
+        now_s = int(now.timestamp())
+        tenant.charge(now_s, reserved)
+        record = IdentityRecorded(tenant_id=cmd.tenant_id, request_id=cmd.request_id, generation_id=gen_id,
+                                  payload_hash=cmd.payload_hash, model_version=cmd.model_version, tier=cmd.tier,
+                                  epoch=1, worker_id=worker_id, reserved_tokens=reserved,
+                                  input_tokens=len(cmd.input_token_ids), admitted_s=now_s)
+        state.record(record)
+        self.registry.hold(worker_id, gen_id, reserved, now.timestamp())
+        scoped = {"tenant_id": cmd.tenant_id, "generation_id": gen_id, "epoch": 1}
+        admitted = Admitted(**scoped, request_id=cmd.request_id, model_version=cmd.model_version,
+                            input_tokens=len(cmd.input_token_ids), max_output_tokens=cmd.max_output_tokens,
+                            reserved_tokens=reserved, payload_hash=cmd.payload_hash, sampling=cmd.sampling,
+                            tier=cmd.tier)
+        start = StartAttempt(**scoped, worker_id=worker_id, model_version=cmd.model_version,
+                             input_token_ids=cmd.input_token_ids, max_output_tokens=cmd.max_output_tokens,
+                             sampling=cmd.sampling, weight=limits.weight, deadline_at=self.deadline(cmd.tier, now))
+        return Effects(generations=[admitted], dispatch=[start], changelog=[record, tenant.budget_record(now_s)],
+                       replies=[self.reply(cmd, "created", 201, request_id=cmd.request_id, generation_id=gen_id,
+                                           status="active")])
+
+    # -- CancelGeneration ----------------------------------------------------------------
+    def cancel(self, state: PartitionState, cmd: CancelGeneration, now: datetime) -> Effects:
+        gen = state.find(cmd.tenant_id, cmd.generation_id)
+        if gen is None:
+            return Effects(replies=[self.reply(cmd, "rejected", 404, generation_id=cmd.generation_id,
+                                               error_code="not_found", reason="no such generation")])
+        if gen.status == "ended":
+            return Effects(replies=[self.reply(cmd, "finished", 200, generation_id=gen.generation_id,
+                                               request_id=gen.request_id, status=gen.end_reason or "ended")])
+        effects = Effects(replies=[self.reply(cmd, "canceling", 202, generation_id=gen.generation_id,
+                                              request_id=gen.request_id, status="canceling")])
+        if gen.status == "active":
+            effects.generations.append(CancelRequested(tenant_id=gen.tenant_id, generation_id=gen.generation_id,
+                                                       epoch=gen.epoch))
+            canceling = gen.model_copy(update={"status": "canceling"})
+            state.record(canceling)
+            effects.changelog.append(canceling)
+        # Repeated cancels re-send the order (harmless: the worker ignores unknown attempts).
+        effects.dispatch.append(CancelAttempt(tenant_id=gen.tenant_id, generation_id=gen.generation_id,
+                                              epoch=gen.epoch, worker_id=gen.worker_id))
+        return effects
+
+    # -- AttemptRefused --------------------------------------------------------------
+    def refused(self, state: PartitionState, cmd: AttemptRefused, now: datetime) -> Effects:
+        gen = state.find(cmd.tenant_id, cmd.generation_id)
+        if gen is None or gen.status == "ended" or gen.epoch != cmd.epoch:
+            return Effects()
+        self.registry.forget(cmd.worker_id, gen.generation_id)
+        scoped = {"tenant_id": gen.tenant_id, "generation_id": gen.generation_id}
+        if gen.status == "canceling":
+            effects = self._end(state, gen, "canceled", now, used_tokens=0)
+            effects.generations.insert(0, Canceled(**scoped, epoch=gen.epoch))
+            return effects
+        choice = None
+        if cmd.epoch <= self.settings.max_refusals:
+            choice = self.registry.choose(gen.model_version or cmd.attempt.model_version, gen.reserved_tokens,
+                                          self.allowance_s(gen.tier), self.settings.worker_decode_tokens_per_s,
+                                          now.timestamp(), exclude=frozenset({cmd.worker_id}))
+        if choice is None:
+            effects = self._end(state, gen, "rejected", now, used_tokens=0)
+            effects.generations.insert(0, Rejected(**scoped, epoch=gen.epoch, error_code="no_capacity",
+                                                   reason=f"worker refused the attempt ({cmd.reason}) and no other "
+                                                          f"worker has room"))
+            return effects
+        epoch = gen.epoch + 1
+        moved = gen.model_copy(update={"epoch": epoch, "worker_id": choice.worker_id})
+        state.record(moved)
+        self.registry.hold(choice.worker_id, gen.generation_id, gen.reserved_tokens, now.timestamp())
+        start = cmd.attempt.model_copy(update={"epoch": epoch, "worker_id": choice.worker_id,
+                                               "event_id": uuid.uuid4(), "occurred_at": now})
+        return Effects(dispatch=[start], changelog=[moved])
+
+    # -- ReleaseReservation ------------------------------------------------------------
+    def release(self, state: PartitionState, cmd: ReleaseReservation, now: datetime) -> Effects:
+        gen = state.find(cmd.tenant_id, cmd.generation_id)
+        if gen is None or gen.status == "ended" or gen.epoch != cmd.epoch:
+            return Effects()  # a stale epoch or a repeat: the reservation is already back
+        return self._end(state, gen, cmd.end_reason or "completed", now, used_tokens=cmd.used_tokens)
+
+    # -- lease expiry ----------------------------------------------------------------
+    def expire_leases(self, state: PartitionState, now: datetime) -> Effects:
+        """Interrupted(epoch) for every live attempt whose worker's lease ran out. No new attempt."""
+        effects = Effects()
+        for gen in list(state.live()):
+            if gen.worker_id is None or self.registry.is_live(gen.worker_id, now.timestamp()):
+                continue
+            scoped = {"tenant_id": gen.tenant_id, "generation_id": gen.generation_id, "epoch": gen.epoch}
+            effects.generations.append(Interrupted(**scoped, worker_id=gen.worker_id))
+            # Should the worker be a zombie that still runs, this stops it.
+            effects.dispatch.append(CancelAttempt(**scoped, worker_id=gen.worker_id, reason="lease-expired"))
+            effects.extend(self._end(state, gen, "interrupted", now))
+        return effects

@@ -1,0 +1,234 @@
+"""The controller process: `llm.commands` in a consumer group, one Kafka transaction per batch.
+
+    assignment of commands[p] ─▶ rebuild PartitionState from control-changelog[p]
+                              └▶ transactional producer "<group>-p<p>" (init fences any previous owner)
+    batch of commands[p] ─▶ Decider ─▶ one transaction: lifecycle + dispatch + replies + changelog[p]
+                                                       + consumed offsets of commands[p]
+    every lease_check_interval ─▶ Interrupted for attempts of dead workers, per partition, transactional
+
+State is mutated before the commit; if a transaction fails the process stops
+(rather than continue with state the log does not hold), and the next owner
+rebuilds from the committed changelog and re-reads the uncommitted commands.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from datetime import UTC, datetime
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+
+from consumers.controller.decisions import Decider, Effects
+from consumers.controller.registry import WorkerRegistry
+from consumers.controller.state import PartitionState
+from consumers.kafka.clients import make_producer
+from consumers.kafka.follower import Follower
+from ledgerlm.settings import Settings
+from schemas.changelog import IdentityRecorded, TenantBudgetState
+from schemas.codec import DecodeError, decode, encode, record_headers, record_key
+from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
+from schemas.dead_letter import DeadLetter
+from schemas.envelope import Envelope
+from schemas.registry_events import ModelVersionRegistered, TenantRegistered, WorkerHeartbeat
+from schemas.topics import COMMANDS, CONTROL_CHANGELOG, DISPATCH, DLQ, GENERATIONS, MODELS, REPLIES, TENANTS, WORKERS
+
+log = logging.getLogger(__name__)
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, controller: "Controller") -> None:
+        self.controller = controller
+
+    async def on_partitions_revoked(self, revoked):
+        await self.controller.release_partitions([tp.partition for tp in revoked])
+
+    async def on_partitions_assigned(self, assigned):
+        await self.controller.own_partitions([tp.partition for tp in assigned])
+
+
+class Controller:
+    def __init__(self, settings: Settings, bootstrap: str) -> None:
+        self.settings = settings
+        self.bootstrap = bootstrap
+        self.group = settings.controller_group
+        self.registry = WorkerRegistry()
+        self.tenants: dict = {}
+        self.models: dict[str, ModelVersionRegistered] = {}
+        self.decider = Decider(settings, self.registry, self.tenants, self.models)
+        self.states: dict[int, PartitionState] = {}
+        self.producers: dict[int, AIOKafkaProducer] = {}
+        self.lock = asyncio.Lock()
+        self.ready = asyncio.Event()
+        self.decisions = 0
+
+    # -- registries --------------------------------------------------------------------
+    def on_registry(self, topic: str, event: Envelope) -> None:
+        if isinstance(event, WorkerHeartbeat):
+            self.registry.observe(event)
+        elif isinstance(event, TenantRegistered):
+            self.tenants[event.tenant_id] = event.limits
+        elif isinstance(event, ModelVersionRegistered):
+            self.models.setdefault(event.model_version, event)  # versions are immutable: first one wins
+
+    # -- partition ownership -------------------------------------------------------------
+    async def own_partitions(self, partitions: list[int]) -> None:
+        async with self.lock:
+            for p in partitions:
+                producer = make_producer(self.bootstrap, transactional_id=f"{self.group}-p{p}",
+                                         client_id=f"controller-p{p}")
+                await producer.start()  # InitProducerId: fences a previous owner, aborts its open transaction
+                self.producers[p] = producer
+            states = await self._rebuild(partitions)
+            self.states.update(states)
+            log.info("controller owns partitions=%s generations=%d", partitions,
+                     sum(len(s.owners) for s in states.values()))
+            self.ready.set()
+
+    async def release_partitions(self, partitions: list[int]) -> None:
+        async with self.lock:
+            for p in partitions:
+                self.states.pop(p, None)
+                producer = self.producers.pop(p, None)
+                if producer is not None:
+                    await producer.stop()
+
+    async def _rebuild(self, partitions: list[int]) -> dict[int, PartitionState]:
+        states = {p: PartitionState(p) for p in partitions}
+        if not partitions:
+            return states
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                    isolation_level="read_committed", client_id="controller-rebuild")
+        await consumer.start()
+        try:
+            tps = [TopicPartition(CONTROL_CHANGELOG, p) for p in partitions]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            ends = await consumer.end_offsets(tps)
+            pending = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
+            while pending:
+                for tp, records in (await consumer.getmany(*pending, timeout_ms=500)).items():
+                    for record in records:
+                        try:
+                            states[tp.partition].apply_changelog(decode(CONTROL_CHANGELOG, record.value))
+                        except DecodeError as exc:
+                            log.warning("changelog record skipped partition=%d offset=%d error=%s",
+                                        record.partition, record.offset, type(exc).__name__)
+                pending = {tp for tp in pending if await consumer.position(tp) < ends[tp]}
+        finally:
+            await consumer.stop()
+        return states
+
+    # -- processing ------------------------------------------------------------------------
+    def decide(self, state: PartitionState, event: Envelope, now: datetime) -> Effects:
+        if isinstance(event, SubmitGeneration):
+            return self.decider.submit(state, event, now)
+        if isinstance(event, CancelGeneration):
+            return self.decider.cancel(state, event, now)
+        if isinstance(event, ReleaseReservation):
+            return self.decider.release(state, event, now)
+        if isinstance(event, AttemptRefused):
+            return self.decider.refused(state, event, now)
+        return Effects()
+
+    async def process(self, tp: TopicPartition, records: list) -> None:
+        async with self.lock:
+            state = self.states.get(tp.partition)
+            producer = self.producers.get(tp.partition)
+            if state is None or producer is None:
+                return  # revoked while the batch was in flight: the next owner re-reads it
+            effects = Effects()
+            letters: list[DeadLetter] = []
+            now = utc_now()
+            for record in records:
+                try:
+                    event = decode(COMMANDS, record.value)
+                except DecodeError as exc:
+                    letters.append(DeadLetter(
+                        source_topic=record.topic, partition=record.partition, offset=record.offset,
+                        key_b64=base64.b64encode(record.key).decode() if record.key is not None else None,
+                        error_class=type(exc).__name__, reason=exc.reason,
+                        payload_b64=base64.b64encode(record.value or b"").decode()))
+                    continue
+                effects.extend(self.decide(state, event, now))
+            async with producer.transaction():
+                await self.write(producer, tp.partition, effects, letters)
+                await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, self.group)
+            self.decisions += len(effects.replies)
+
+    async def write(self, producer: AIOKafkaProducer, partition: int, effects: Effects,
+                    letters: list[DeadLetter] = ()) -> None:
+        futures = []
+
+        def send(topic: str, event: Envelope, to_partition: int | None = None):
+            return producer.send(topic, value=encode(event), key=record_key(topic, event),
+                                 headers=record_headers(event), partition=to_partition)
+
+        for event in effects.generations:
+            futures.append(await send(GENERATIONS, event))
+        for event in effects.dispatch:
+            futures.append(await send(DISPATCH, event))
+        for record in effects.changelog:
+            futures.append(await send(CONTROL_CHANGELOG, record, partition))
+        for reply in effects.replies:
+            futures.append(await send(REPLIES, reply))
+        for letter in letters:
+            futures.append(await send(DLQ, letter))
+        if futures:
+            await asyncio.gather(*futures)
+
+    async def check_leases(self) -> None:
+        async with self.lock:
+            now = utc_now()
+            for p, state in list(self.states.items()):
+                effects = self.decider.expire_leases(state, now)
+                if not effects:
+                    continue
+                producer = self.producers[p]
+                async with producer.transaction():
+                    await self.write(producer, p, effects)
+                for event in effects.generations:
+                    log.warning("attempt interrupted generation=%s epoch=%s worker=%s", event.generation_id,
+                                event.epoch, getattr(event, "worker_id", None))
+
+    # -- main loop ---------------------------------------------------------------------------
+    async def run(self) -> None:
+        follower = Follower(self.bootstrap, [WORKERS, TENANTS, MODELS], self.on_registry,
+                            client_id="controller-registry")
+        await follower.start()
+        follow_task = asyncio.create_task(follower.run(), name="controller-registry")
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, group_id=self.group, client_id="controller",
+            enable_auto_commit=False, isolation_level="read_committed",
+            auto_offset_reset=self.settings.controller_start, session_timeout_ms=6000,
+            heartbeat_interval_ms=1000, fetch_max_wait_ms=100)
+        try:
+            # Leases are judged against the registry, so it must be current before any check.
+            await asyncio.wait_for(follower.caught_up.wait(), timeout=60)
+            consumer.subscribe([COMMANDS], listener=_Rebalance(self))
+            await consumer.start()
+            interval = self.settings.lease_check_interval_ms / 1000
+            next_check = time.monotonic() + interval
+            while True:
+                if follow_task.done():
+                    follow_task.result()  # surface the follower's failure
+                timeout_ms = max(1, int((next_check - time.monotonic()) * 1000))
+                batches = await consumer.getmany(timeout_ms=timeout_ms, max_records=500)
+                for tp, records in batches.items():
+                    if records:
+                        await self.process(tp, records)
+                if time.monotonic() >= next_check:
+                    await self.check_leases()
+                    next_check = time.monotonic() + interval
+        finally:
+            follow_task.cancel()
+            await consumer.stop()
+            await follower.stop()
+            for producer in self.producers.values():
+                await producer.stop()
+            self.producers.clear()

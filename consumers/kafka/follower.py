@@ -1,0 +1,101 @@
+"""Follow whole topics (every partition, no consumer group) into memory.
+
+Registries (workers, models, tenants) are compacted topics small enough to
+hold in full: a follower reads them from the beginning, reports when it has
+reached the end offsets seen at start (`caught_up`), and keeps following.
+The stream bridge follows `llm.tokens` / `llm.generations` from the end.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Literal
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import murmur2
+
+from schemas.codec import DecodeError, decode
+from schemas.envelope import Envelope
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[str, Envelope], None]
+
+
+def partition_for(key: str, partitions: int) -> int:
+    """The partition the Java client's default partitioner (and aiokafka's) gives `key`."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+async def partitions_of(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
+    # `topics()` fetches fresh metadata but keeps it to itself; ask the client for that snapshot directly.
+    cluster = await consumer._client.fetch_all_metadata()
+    partitions = cluster.partitions_for_topic(topic)
+    if not partitions:
+        raise LookupError(f"topic {topic} has no partitions (run `ledgerlm topics ensure`)")
+    return [TopicPartition(topic, p) for p in sorted(partitions)]
+
+
+class Follower:
+    def __init__(self, bootstrap: str, topics: list[str], handler: Handler,
+                 start: Literal["beginning", "end"] = "beginning", client_id: str = "ledgerlm-follower") -> None:
+        self.topics = topics
+        self.handler = handler
+        self.start_at = start
+        self.bootstrap = bootstrap
+        self.client_id = client_id
+        self.consumer: AIOKafkaConsumer | None = None  # made in start(): aiokafka needs the running loop
+        self.caught_up = asyncio.Event()
+        self._ends: dict[TopicPartition, int] = {}
+
+    async def start(self) -> None:
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, client_id=self.client_id,
+                                         enable_auto_commit=False, isolation_level="read_committed",
+                                         fetch_max_wait_ms=100)
+        await self.consumer.start()
+        partitions = [tp for topic in self.topics for tp in await partitions_of(self.consumer, topic)]
+        self.consumer.assign(partitions)
+        if self.start_at == "beginning":
+            await self.consumer.seek_to_beginning(*partitions)
+            self._ends = await self.consumer.end_offsets(partitions)
+        else:
+            await self.consumer.seek_to_end(*partitions)
+            for tp in partitions:  # resolve the lazy seek now, so nothing written after start() is missed
+                await self.consumer.position(tp)
+        await self._check_caught_up()
+
+    async def _check_caught_up(self) -> None:
+        if self.caught_up.is_set():
+            return
+        for tp, end in list(self._ends.items()):
+            if await self.consumer.position(tp) >= end:
+                del self._ends[tp]
+        if not self._ends:
+            self.caught_up.set()
+
+    async def poll_once(self, timeout_ms: int = 200) -> None:
+        batches = await self.consumer.getmany(timeout_ms=timeout_ms)
+        for records in batches.values():
+            for record in records:
+                try:
+                    event = decode(record.topic, record.value)
+                except DecodeError as exc:
+                    log.warning("follower skipped record topic=%s partition=%d offset=%d error=%s",
+                                record.topic, record.partition, record.offset, type(exc).__name__)
+                    continue
+                self.handler(record.topic, event)
+        await self._check_caught_up()
+
+    async def catch_up(self) -> None:
+        """Read up to the end offsets seen at start (a bounded read, for one-shot tools)."""
+        while not self.caught_up.is_set():
+            await self.poll_once()
+
+    async def run(self) -> None:
+        while True:
+            await self.poll_once()
+
+    async def stop(self) -> None:
+        if self.consumer is not None:
+            await self.consumer.stop()

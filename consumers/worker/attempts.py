@@ -1,0 +1,74 @@
+"""One attempt on this worker: its reservation, stream position and usage watermark cadence."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from engine.request import FinishReason, RequestOutput
+from schemas.dispatch import StartAttempt
+from schemas.values import Usage
+
+# How an engine finish maps to (lifecycle type, Completed.finish_reason, stream EndReason).
+FINISHES = {
+    FinishReason.STOP: ("Completed", "stop", "completed"),
+    FinishReason.LENGTH: ("Completed", "length", "output-limit"),
+    FinishReason.CANCELLED: ("Canceled", None, "canceled"),
+    FinishReason.EXPIRED: ("Expired", None, "expired"),
+}
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return math.ceil(tokens / block_size)
+
+
+@dataclass
+class Attempt:
+    start: StartAttempt
+    reserved_blocks: int
+    seq: int = 0
+    report_seq: int = 0
+    reported_output: int = 0
+    reported_at: float = field(default_factory=time.monotonic)
+    usage: Usage = Usage()
+    fenced: bool = False  # declared lost (lease) or self-fenced: publish nothing more for it
+    finishing: bool = False
+
+    @property
+    def request_id(self) -> str:
+        """The engine request id: generation and epoch, so a later epoch never collides with this one."""
+        return f"{self.start.generation_id}#{self.start.epoch}"
+
+    @property
+    def scoped(self) -> dict:
+        return {"tenant_id": self.start.tenant_id, "generation_id": self.start.generation_id,
+                "epoch": self.start.epoch}
+
+    @property
+    def started_output(self) -> bool:
+        return self.usage.generated_output_tokens > 0
+
+    def observe(self, output: RequestOutput) -> None:
+        self.usage = Usage(processed_input_tokens=output.num_prompt_tokens,
+                           cached_input_tokens=output.num_cached_tokens,
+                           generated_output_tokens=output.num_output_tokens)
+
+    def report_due(self, every_tokens: int, every_ms: int, now: float) -> bool:
+        if self.usage.generated_output_tokens == self.reported_output:
+            return False
+        return (self.usage.generated_output_tokens - self.reported_output >= every_tokens
+                or (now - self.reported_at) * 1000 >= every_ms)
+
+    def next_report(self, now: float) -> int:
+        self.report_seq += 1
+        self.reported_output = self.usage.generated_output_tokens
+        self.reported_at = now
+        return self.report_seq
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    @property
+    def used_tokens(self) -> int:
+        return len(self.start.input_token_ids) + self.usage.generated_output_tokens

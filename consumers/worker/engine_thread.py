@@ -1,0 +1,83 @@
+"""The engine runs in its own thread; the worker's Kafka I/O stays on the asyncio loop.
+
+    asyncio ──submit(add / abort)──▶ inbox ──▶ engine thread: apply, step(), stats
+       ▲                                              │
+       └──────── deliver(outputs) (call_soon_threadsafe) ◀┘
+
+Every engine call happens on the engine thread (the engine is not thread
+safe); aborts therefore take effect at the next step boundary.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+from engine.engine import Engine
+from engine.errors import RequestError
+from engine.request import EngineRequest, EngineStats, RequestOutput
+
+log = logging.getLogger(__name__)
+
+Deliver = Callable[[list[RequestOutput]], None]
+Refuse = Callable[[str, str], None]
+
+
+class EngineThread:
+    def __init__(self, engine: Engine, deliver: Deliver, refuse: Refuse, weights: dict[str, float]) -> None:
+        self.engine = engine
+        self.deliver = deliver
+        self.refuse = refuse
+        self.weights = weights  # the dict the engine's config reads tenant weights from
+        self.inbox: queue.Queue = queue.Queue()
+        self.stats: EngineStats = engine.stats()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.inbox.put(None)
+        self._thread.join(timeout=10)
+
+    def add(self, request: EngineRequest, weight: float) -> None:
+        self.inbox.put(("add", request, weight))
+
+    def abort(self, request_id: str) -> None:
+        self.inbox.put(("abort", request_id, None))
+
+    def _apply(self, item) -> None:
+        if item is None:
+            return
+        op, payload, weight = item
+        if op == "add":
+            self.weights[payload.tenant_id] = weight
+            try:
+                self.engine.add_request(payload)
+            except RequestError as exc:
+                self.refuse(payload.request_id, f"engine refused: {type(exc).__name__}")
+        elif op == "abort":
+            self.engine.abort(payload)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self.engine.has_unfinished():
+                self._apply(self.inbox.get())
+            while True:
+                try:
+                    self._apply(self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+            if self._stop.is_set() or not self.engine.has_unfinished():
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception:  # a failed step must not leave attempts hanging silently
+                log.exception("engine step failed")
+                raise
+            self.stats = self.engine.stats()
+            if outputs:
+                self.deliver(outputs)

@@ -1,0 +1,277 @@
+"""The worker process: one engine, its attempts, heartbeats and every event of its generations.
+
+    llm.dispatch[partition of worker id] ─▶ StartAttempt: reserve KV or refuse ─▶ AttemptStarted
+                                          ─▶ CancelAttempt(epoch) / DrainWorker
+    engine thread outputs ─▶ TokensEmitted (seq from 1) and UsageReported every N tokens / T ms
+    end ─▶ final UsageReported + terminal event, acknowledged ─▶ StreamFinished ─▶ ReleaseReservation
+    every heartbeat interval ─▶ WorkerHeartbeat; no acknowledged heartbeat for a lease ─▶ self-fence
+
+Reservation is worker-side accounting over the whole block pool: an attempt
+is accepted only if prompt + max output tokens fit what is not yet reserved,
+and the engine runs with `reservation="full"`, so an accepted attempt is never
+preempted. Refusals go back to the controller on `llm.commands`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from datetime import UTC, datetime
+
+from aiokafka import AIOKafkaConsumer
+
+from consumers.kafka.clients import make_producer
+from consumers.kafka.follower import partition_for, partitions_of
+from consumers.worker.attempts import FINISHES, Attempt, blocks_for
+from consumers.worker.engine_thread import EngineThread
+from engine.request import EngineRequest, RequestOutput
+from engine.request import SamplingParams as EngineSampling
+from ledgerlm.settings import Settings
+from schemas.codec import DecodeError, decode, encode, record_headers, record_key
+from schemas.commands import AttemptRefused, ReleaseReservation
+from schemas.dispatch import CancelAttempt, DrainWorker, StartAttempt
+from schemas.lifecycle import AttemptStarted, Canceled, Completed, Expired, UsageReported
+from schemas.registry_events import ModelVersionRegistered, WorkerHeartbeat
+from schemas.stream import StreamFinished, TokensEmitted
+from schemas.topics import COMMANDS, DISPATCH, GENERATIONS, TOKENS, WORKERS
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    def __init__(self, settings: Settings, bootstrap: str, model: ModelVersionRegistered, engine,
+                 worker_id: str | None = None) -> None:
+        self.settings = settings
+        self.bootstrap = bootstrap
+        self.model = model
+        self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:8]}"
+        self.engine = engine
+        self.block_size = engine.config.block_size
+        self.total_blocks = engine.stats().num_blocks_total
+        self.attempts: dict[str, Attempt] = {}  # engine request id -> attempt
+        self.outputs: asyncio.Queue[list[RequestOutput]] = asyncio.Queue()
+        self.producer = make_producer(bootstrap, client_id=self.worker_id)
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, client_id=self.worker_id,
+                                         enable_auto_commit=False, isolation_level="read_committed",
+                                         fetch_max_wait_ms=100)
+        self.draining = False
+        self.stale_commands = 0
+        self.last_heartbeat_ok = time.monotonic()
+        self.ready = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self._thread: EngineThread | None = None
+
+    # -- capacity ------------------------------------------------------------------------
+    @property
+    def reserved_blocks(self) -> int:
+        return sum(a.reserved_blocks for a in self.attempts.values())
+
+    @property
+    def free_blocks(self) -> int:
+        return self.total_blocks - self.reserved_blocks
+
+    def heartbeat(self, alive: bool = True) -> WorkerHeartbeat:
+        queued = sum(len(a.start.input_token_ids) for a in self.attempts.values() if not a.started_output)
+        return WorkerHeartbeat(worker_id=self.worker_id, model_versions=(self.model.model_version,),
+                               total_blocks=self.total_blocks, free_blocks=self.free_blocks,
+                               block_size=self.block_size, running=len(self.attempts), queued_tokens=queued,
+                               draining=self.draining, lease_ms=self.settings.lease_ms, alive=alive,
+                               stale_commands=self.stale_commands)
+
+    # -- publishing ------------------------------------------------------------------------
+    async def send(self, topic: str, event) -> asyncio.Future:
+        return await self.producer.send(topic, value=encode(event), key=record_key(topic, event),
+                                        headers=record_headers(event))
+
+    # -- dispatch ----------------------------------------------------------------------------
+    async def on_start(self, order: StartAttempt) -> None:
+        request_id = f"{order.generation_id}#{order.epoch}"
+        if request_id in self.attempts:
+            return  # a redelivered order for an attempt already running here
+        need = blocks_for(len(order.input_token_ids) + order.max_output_tokens, self.block_size)
+        reason = "draining" if self.draining else ("kv-full" if need > self.free_blocks else None)
+        if reason is not None:
+            log.info("attempt refused generation=%s epoch=%d reason=%s need_blocks=%d free_blocks=%d",
+                     order.generation_id, order.epoch, reason, need, self.free_blocks)
+            await (await self.send(COMMANDS, AttemptRefused(
+                tenant_id=order.tenant_id, generation_id=order.generation_id, epoch=order.epoch,
+                worker_id=self.worker_id, reason=reason, attempt=order)))
+            return
+        attempt = Attempt(order, need)
+        self.attempts[request_id] = attempt
+        await self.send(GENERATIONS, AttemptStarted(**attempt.scoped, worker_id=self.worker_id))
+        remaining_s = (order.deadline_at - datetime.now(UTC)).total_seconds()
+        sampling = order.sampling
+        request = EngineRequest(
+            request_id=request_id, prompt_token_ids=order.input_token_ids,
+            params=EngineSampling(max_tokens=order.max_output_tokens, temperature=sampling.temperature,
+                                  top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
+                                  stop_token_ids=sampling.stop_token_ids, stop=sampling.stop),
+            tenant_id=order.tenant_id, scope_key=order.tenant_id, deadline=time.monotonic() + remaining_s)
+        self._thread.add(request, order.weight)
+        log.info("attempt started generation=%s epoch=%d input_tokens=%d reserved_blocks=%d",
+                 order.generation_id, order.epoch, len(order.input_token_ids), need)
+
+    def find(self, generation_id: str) -> Attempt | None:
+        return next((a for a in self.attempts.values() if a.start.generation_id == generation_id), None)
+
+    async def on_cancel(self, order: CancelAttempt) -> None:
+        attempt = self.find(order.generation_id)
+        if attempt is None or attempt.start.epoch != order.epoch:
+            self.stale_commands += 1
+            log.warning("stale cancel ignored generation=%s epoch=%d running_epoch=%s", order.generation_id,
+                        order.epoch, attempt.start.epoch if attempt else None)
+            return
+        if order.reason == "lease-expired":
+            attempt.fenced = True  # the controller already ended this epoch as Interrupted
+        self._thread.abort(attempt.request_id)
+
+    async def on_dispatch(self, event) -> None:
+        if getattr(event, "worker_id", None) != self.worker_id:
+            return
+        if isinstance(event, StartAttempt):
+            await self.on_start(event)
+        elif isinstance(event, CancelAttempt):
+            await self.on_cancel(event)
+        elif isinstance(event, DrainWorker):
+            log.info("draining worker=%s running=%d", self.worker_id, len(self.attempts))
+            self.draining = True
+            await (await self.send(WORKERS, self.heartbeat()))
+
+    def refuse_from_engine(self, request_id: str, reason: str) -> None:
+        attempt = self.attempts.pop(request_id, None)
+        if attempt is not None:
+            asyncio.get_running_loop().create_task(self.send(COMMANDS, AttemptRefused(
+                tenant_id=attempt.start.tenant_id, generation_id=attempt.start.generation_id,
+                epoch=attempt.start.epoch, worker_id=self.worker_id, reason=reason, attempt=attempt.start)))
+
+    # -- engine outputs ------------------------------------------------------------------------
+    async def on_output(self, output: RequestOutput) -> None:
+        attempt = self.attempts.get(output.request_id)
+        if attempt is None:
+            return
+        attempt.observe(output)
+        if attempt.fenced:
+            if output.finished:
+                self.attempts.pop(output.request_id, None)
+            return
+        if output.new_token_ids or output.text_delta:
+            await self.send(TOKENS, TokensEmitted(**attempt.scoped, seq=attempt.next_seq(),
+                                                  token_ids=output.new_token_ids, text_delta=output.text_delta))
+        now = time.monotonic()
+        if output.finished:
+            await self.finish(attempt, output)
+        elif attempt.report_due(self.settings.usage_report_tokens, self.settings.usage_report_ms, now):
+            await self.send(GENERATIONS, UsageReported(**attempt.scoped, report_seq=attempt.next_report(now),
+                                                       usage=attempt.usage))
+
+    async def finish(self, attempt: Attempt, output: RequestOutput) -> None:
+        """Final watermark and terminal event acknowledged, then the final stream event, then the release."""
+        kind, finish_reason, end_reason = FINISHES[output.finish_reason]
+        usage = attempt.usage
+        watermark = UsageReported(**attempt.scoped, report_seq=attempt.next_report(time.monotonic()), usage=usage)
+        if kind == "Completed":
+            terminal = Completed(**attempt.scoped, finish_reason=finish_reason, usage=usage)
+        elif kind == "Canceled":
+            terminal = Canceled(**attempt.scoped, usage=usage)
+        else:
+            terminal = Expired(**attempt.scoped, usage=usage)
+        acks = [await self.send(GENERATIONS, watermark), await self.send(GENERATIONS, terminal)]
+        await asyncio.gather(*acks)
+        await (await self.send(TOKENS, StreamFinished(**attempt.scoped, seq=attempt.next_seq(), reason=end_reason,
+                                                      usage=usage)))
+        self.attempts.pop(attempt.request_id, None)
+        await (await self.send(COMMANDS, ReleaseReservation(
+            tenant_id=attempt.start.tenant_id, generation_id=attempt.start.generation_id, epoch=attempt.start.epoch,
+            used_tokens=attempt.used_tokens, end_reason=end_reason)))
+        log.info("attempt ended generation=%s epoch=%d reason=%s output_tokens=%d", attempt.start.generation_id,
+                 attempt.start.epoch, end_reason, usage.generated_output_tokens)
+
+    # -- loops ------------------------------------------------------------------------------------
+    async def _pump(self) -> None:
+        while True:
+            for output in await self.outputs.get():
+                await self.on_output(output)
+
+    async def _read_dispatch(self) -> None:
+        while True:
+            for records in (await self.consumer.getmany(timeout_ms=500)).values():
+                for record in records:
+                    try:
+                        event = decode(DISPATCH, record.value)
+                    except DecodeError as exc:
+                        log.warning("undecodable dispatch offset=%d error=%s", record.offset, type(exc).__name__)
+                        continue
+                    await self.on_dispatch(event)
+
+    def fence_all(self) -> None:
+        """No acknowledged heartbeat for a lease: the controller has given our attempts up, so stop them."""
+        for attempt in self.attempts.values():
+            if not attempt.fenced:
+                attempt.fenced = True
+                self._thread.abort(attempt.request_id)
+        log.error("self-fenced worker=%s attempts=%d", self.worker_id, len(self.attempts))
+
+    async def _heartbeats(self) -> None:
+        interval = self.settings.heartbeat_interval_ms / 1000
+        while True:
+            try:
+                await asyncio.wait_for(self.producer.send_and_wait(
+                    WORKERS, value=encode(self.heartbeat()), key=self.worker_id.encode()), timeout=interval * 2)
+                self.last_heartbeat_ok = time.monotonic()
+            except Exception as exc:  # the broker may be away; the lease decides what that means
+                log.warning("heartbeat failed worker=%s error=%s", self.worker_id, type(exc).__name__)
+            if time.monotonic() - self.last_heartbeat_ok > self.settings.lease_ms / 1000:
+                self.fence_all()
+            if self.draining and not self.attempts:
+                return
+            await asyncio.sleep(interval)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._thread = EngineThread(self.engine, lambda outs: loop.call_soon_threadsafe(self.outputs.put_nowait, outs),
+                                    lambda rid, why: loop.call_soon_threadsafe(self.refuse_from_engine, rid, why),
+                                    self.engine.config.tenant_weights)
+        self._thread.start()
+        await self.producer.start()
+        await self.consumer.start()
+        partitions = await partitions_of(self.consumer, DISPATCH)
+        tp = partitions[partition_for(self.worker_id, len(partitions))]
+        self.consumer.assign([tp])
+        await self.consumer.seek_to_end(tp)
+        await self.consumer.position(tp)
+        tasks = [asyncio.create_task(self._pump(), name="worker-pump"),
+                 asyncio.create_task(self._read_dispatch(), name="worker-dispatch")]
+        heartbeats = asyncio.create_task(self._heartbeats(), name="worker-heartbeat")
+        self.ready.set()
+        log.info("worker ready worker=%s model=%s blocks=%d", self.worker_id, self.model.model_version,
+                 self.total_blocks)
+        try:
+            await heartbeats  # returns once a drain has finished every attempt
+        finally:
+            for task in tasks:
+                task.cancel()
+            heartbeats.cancel()
+            try:
+                await self.producer.send_and_wait(WORKERS, value=encode(self.heartbeat(alive=False)),
+                                                  key=self.worker_id.encode())
+            except Exception as exc:
+                log.warning("final heartbeat failed worker=%s error=%s", self.worker_id, type(exc).__name__)
+            self._thread.stop()
+            await self.consumer.stop()
+            await self.producer.stop()
+            self.stopped.set()
+
+
+def load_engine(settings: Settings, model: ModelVersionRegistered, model_dir: str | None = None,
+                weights: dict[str, float] | None = None):
+    """The engine for a registered version; the files must match the registered checksums."""
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+
+    config = EngineConfig(kv_cache_bytes=settings.worker_kv_cache_bytes, reservation="full",
+                          max_num_seqs=settings.worker_max_num_seqs, device=settings.worker_device,
+                          tenant_weights=weights if weights is not None else {},
+                          expected_checksums=model.checksums)
+    return Engine(model_dir or model.source_uri, config)

@@ -1,0 +1,58 @@
+"""`ledgerlm worker --model-version NAME` and `ledgerlm workers drain ID`."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from ledgerlm.cli.endpoints import kafka_bootstrap
+from ledgerlm.cli.errors import CliError
+from ledgerlm.settings import Settings
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    worker = subparsers.add_parser("worker", help="run a worker serving one registered model version")
+    worker.add_argument("--model-version", required=True, help="registered version name (ledgerlm models register)")
+    worker.add_argument("--model-dir", help="where the files are, if not at the registered location")
+    worker.add_argument("--worker-id", help="stable id (default: random)")
+    worker.set_defaults(handler=run_worker)
+    workers = subparsers.add_parser("workers", help="operate workers").add_subparsers(dest="action", required=True)
+    drain = workers.add_parser("drain", help="no new work; finish running attempts; exit")
+    drain.add_argument("worker_id")
+    drain.set_defaults(handler=run_drain)
+
+
+async def _worker(settings: Settings, bootstrap: str, args: argparse.Namespace) -> None:
+    from consumers.worker.runtime import Worker, load_engine
+    from producers.model_registry import registered_versions
+
+    model = (await registered_versions(bootstrap)).get(args.model_version)
+    if model is None:
+        raise CliError(f"model version {args.model_version!r} is not registered")
+    engine = await asyncio.to_thread(load_engine, settings, model, args.model_dir)
+    await Worker(settings, bootstrap, model, engine, args.worker_id).run()
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    from ledgerlm.cli.roles import configure_logging, serve
+
+    configure_logging("worker")
+    settings = Settings()
+    return serve(_worker(settings, kafka_bootstrap(settings), args))
+
+
+def run_drain(args: argparse.Namespace) -> int:
+    from consumers.kafka.clients import make_producer, publish
+    from schemas.dispatch import DrainWorker
+    from schemas.topics import DISPATCH
+
+    async def send() -> None:
+        producer = make_producer(kafka_bootstrap(Settings()))
+        await producer.start()
+        try:
+            await publish(producer, DISPATCH, DrainWorker(worker_id=args.worker_id))
+        finally:
+            await producer.stop()
+
+    asyncio.run(send())
+    print(f"drain ordered for {args.worker_id}")
+    return 0

@@ -1,0 +1,83 @@
+"""Publish a command on `llm.commands` and await the controller's decision on `llm.replies`.
+
+Replies are keyed by gateway id, so this gateway reads exactly one partition
+of `llm.replies` (the one its id hashes to, as the Java partitioner places
+it), from the end at start, and matches decisions to waiting calls by
+correlation id. Other gateways' replies on the same partition are skipped.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from consumers.kafka.clients import make_producer, publish
+from consumers.kafka.follower import partition_for, partitions_of
+from schemas.codec import DecodeError, decode
+from schemas.commands import CancelGeneration, SubmitGeneration
+from schemas.replies import AdmissionDecision
+from schemas.topics import COMMANDS, REPLIES
+
+log = logging.getLogger(__name__)
+
+
+class AdmissionClient:
+    def __init__(self, bootstrap: str, gateway_id: str | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.gateway_id = gateway_id or f"gw-{uuid.uuid4().hex[:12]}"
+        self.producer: AIOKafkaProducer | None = None  # made in start(): aiokafka needs the running loop
+        self.consumer: AIOKafkaConsumer | None = None
+        self.waiting: dict[str, asyncio.Future[AdmissionDecision]] = {}
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self.producer = make_producer(self.bootstrap, client_id=self.gateway_id)
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, client_id=self.gateway_id,
+                                         enable_auto_commit=False, isolation_level="read_committed",
+                                         fetch_max_wait_ms=100)
+        await self.producer.start()
+        await self.consumer.start()
+        partitions = await partitions_of(self.consumer, REPLIES)
+        tp = partitions[partition_for(self.gateway_id, len(partitions))]
+        self.consumer.assign([tp])
+        await self.consumer.seek_to_end(tp)
+        await self.consumer.position(tp)
+        self._task = asyncio.create_task(self._read_replies(), name="gateway-replies")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        await self.consumer.stop()
+        await self.producer.stop()
+
+    async def _read_replies(self) -> None:
+        while True:
+            for records in (await self.consumer.getmany(timeout_ms=500)).values():
+                for record in records:
+                    try:
+                        reply = decode(REPLIES, record.value)
+                    except DecodeError as exc:
+                        log.warning("undecodable reply offset=%d error=%s", record.offset, type(exc).__name__)
+                        continue
+                    if reply.gateway_id != self.gateway_id:
+                        continue
+                    future = self.waiting.pop(reply.correlation_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(reply)
+
+    def correlation_id(self) -> str:
+        return uuid.uuid4().hex
+
+    async def decide(self, command: SubmitGeneration | CancelGeneration, timeout_s: float) -> AdmissionDecision | None:
+        """The decision for `command`, or None when none arrived within `timeout_s`."""
+        future = asyncio.get_running_loop().create_future()
+        self.waiting[command.correlation_id] = future
+        try:
+            await publish(self.producer, COMMANDS, command)
+            return await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            return None
+        finally:
+            self.waiting.pop(command.correlation_id, None)

@@ -1,0 +1,204 @@
+"""The gateway's HTTP API (FastAPI).
+
+    POST /v1/generations               201 new | 200 existing | 400 | 401 | 404 model | 409 | 429 | 503
+    GET  /v1/generations/{id}          status (404 for unknown or another tenant's id)
+    GET  /v1/generations/{id}/events   SSE stream of the generation (token events, then the final event)
+    POST /v1/generations/{id}/cancel   202 canceling | 200 already ended | 404
+
+The tenant comes from the API key (`Authorization: Bearer <key>`), never the body.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from consumers.kafka.follower import Follower
+from ledgerlm.settings import Settings
+from producers.gateway import errors
+from producers.gateway.admission import AdmissionClient
+from producers.gateway.bridge import FinalEvent, StreamBridge
+from producers.gateway.database import GatewayDatabase, Principal
+from producers.gateway.errors import ApiError
+from producers.gateway.prompts import ModelCatalog
+from producers.gateway.requests import GenerationRequest
+from producers.gateway.status import read_status
+from schemas.commands import CancelGeneration, SubmitGeneration
+from schemas.registry_events import ModelVersionRegistered
+from schemas.replies import AdmissionDecision
+from schemas.topics import MODELS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Gateway:
+    settings: Settings
+    admission: AdmissionClient
+    bridge: StreamBridge
+    db: GatewayDatabase
+    catalog: ModelCatalog
+    models: Follower
+
+    @classmethod
+    def create(cls, settings: Settings, bootstrap: str, database_url: str) -> "Gateway":
+        catalog = ModelCatalog()
+
+        def on_model(_topic, event):
+            if isinstance(event, ModelVersionRegistered):
+                catalog.observe(event)
+
+        return cls(settings, AdmissionClient(bootstrap), StreamBridge(bootstrap), GatewayDatabase(database_url),
+                   catalog, Follower(bootstrap, [MODELS], on_model, client_id="gateway-models"))
+
+    async def start(self) -> None:
+        await self.db.start()
+        await self.models.start()
+        await self.models.catch_up()
+        self._models_task = asyncio.create_task(self.models.run(), name="gateway-models")
+        await self.bridge.start()
+        await self.admission.start()
+
+    async def stop(self) -> None:
+        self._models_task.cancel()
+        await self.admission.stop()
+        await self.bridge.stop()
+        await self.models.stop()
+        await self.db.stop()
+
+
+def sse(event: str, data: dict) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def final_payload(final: FinalEvent, generation_id: str) -> dict:
+    usage = final.usage
+    return {"id": generation_id, "reason": final.reason, "seq": final.seq, "usageLabel": final.usage_label,
+            "usage": {"inputTokens": usage.processed_input_tokens, "cachedInputTokens": usage.cached_input_tokens,
+                      "outputTokens": usage.generated_output_tokens}}
+
+
+def decision_error(decision: AdmissionDecision) -> ApiError:
+    details = {k: v for k, v in (("requestId", decision.request_id), ("generationId", decision.generation_id))
+               if v is not None}
+    return ApiError(decision.http_status, decision.error_code or decision.outcome, decision.reason or decision.outcome,
+                    details, decision.retry_after_ms)
+
+
+def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI:
+    gateway = Gateway.create(settings, bootstrap, database_url)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    app = FastAPI(title="ledgerlm gateway", lifespan=lifespan)
+    app.state.gateway = gateway
+    errors.install(app)
+    timeout_s = settings.admission_timeout_ms / 1000
+
+    async def principal_of(request: Request) -> Principal:
+        header = request.headers.get("authorization", "")
+        key = header[7:].strip() if header.lower().startswith("bearer ") else request.headers.get("x-api-key")
+        principal = await gateway.db.authenticate(key)
+        if principal is None:
+            raise ApiError(401, "unauthorized", "a valid API key is required (Authorization: Bearer <key>)")
+        return principal
+
+    async def stream_events(generation_id: str, first: dict):
+        yield sse("generation", first)
+        async for kind, item in gateway.bridge.follow(generation_id):
+            if kind == "token":
+                yield sse("token", {"seq": item.seq, "epoch": item.epoch, "tokenIds": list(item.token_ids),
+                                    "text": item.text_delta})
+            elif kind == "final":
+                yield sse("final", final_payload(item, generation_id))
+            else:
+                yield sse("error", {"code": "stream_timeout", "message": "no final event in time", "details": {}})
+
+    async def wait_for_end(generation_id: str) -> dict:
+        text: list[str] = []
+        async for kind, item in gateway.bridge.follow(generation_id):
+            if kind == "token":
+                text.append(item.text_delta)
+            elif kind == "final":
+                return {**final_payload(item, generation_id), "status": item.reason, "text": "".join(text)}
+        raise ApiError(504, "wait_timeout", "the generation did not end in time", {"generationId": generation_id})
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"ok": True, "gatewayId": gateway.admission.gateway_id, "models": sorted(gateway.catalog.versions)}
+
+    @app.post("/v1/generations")
+    async def create_generation(body: GenerationRequest, request: Request, wait: bool = False):
+        principal = await principal_of(request)
+        started = time.perf_counter()
+        prompt = await asyncio.to_thread(gateway.catalog.render, body, principal.max_tokens_per_request)
+        command = SubmitGeneration(
+            tenant_id=principal.tenant_id, request_id=body.request_id, gateway_id=gateway.admission.gateway_id,
+            correlation_id=gateway.admission.correlation_id(), model_version=body.model,
+            input_token_ids=prompt.token_ids, max_output_tokens=body.max_output_tokens, sampling=prompt.sampling,
+            tier=body.tier, payload_hash=prompt.payload_hash)
+        decision = await gateway.admission.decide(command, timeout_s)
+        if decision is None:
+            raise ApiError(503, "controller_unavailable", "no admission decision in time",
+                           {"requestId": body.request_id}, settings.retry_after_ms)
+        log.info("admission tenant=%s request=%s status=%d input_tokens=%d ms=%.1f", principal.tenant_id,
+                 body.request_id, decision.http_status, len(prompt.token_ids),
+                 (time.perf_counter() - started) * 1000)
+        if decision.http_status not in (200, 201):
+            raise decision_error(decision)
+        first = {"id": decision.generation_id, "requestId": body.request_id, "model": body.model,
+                 "status": "admitted" if decision.http_status == 201 else decision.status,
+                 "inputTokens": len(prompt.token_ids), "created": decision.http_status == 201}
+        if body.stream:
+            return StreamingResponse(stream_events(decision.generation_id, first), status_code=decision.http_status,
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        if wait:
+            return JSONResponse({**first, **await wait_for_end(decision.generation_id)},
+                                status_code=decision.http_status)
+        return JSONResponse(first, status_code=decision.http_status)
+
+    @app.get("/v1/generations/{generation_id}")
+    async def get_generation(generation_id: str, request: Request):
+        principal = await principal_of(request)
+        status = await read_status(gateway.db, gateway.bridge, principal.tenant_id, generation_id)
+        if status is None:
+            raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
+        return status
+
+    @app.get("/v1/generations/{generation_id}/events")
+    async def generation_events(generation_id: str, request: Request):
+        principal = await principal_of(request)
+        status = await read_status(gateway.db, gateway.bridge, principal.tenant_id, generation_id)
+        if status is None:
+            raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
+        return StreamingResponse(stream_events(generation_id, status), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    @app.post("/v1/generations/{generation_id}/cancel")
+    async def cancel_generation(generation_id: str, request: Request):
+        principal = await principal_of(request)
+        command = CancelGeneration(tenant_id=principal.tenant_id, generation_id=generation_id,
+                                   gateway_id=gateway.admission.gateway_id,
+                                   correlation_id=gateway.admission.correlation_id())
+        decision = await gateway.admission.decide(command, timeout_s)
+        if decision is None:
+            raise ApiError(503, "controller_unavailable", "no cancel decision in time",
+                           {"generationId": generation_id}, settings.retry_after_ms)
+        if decision.http_status == 404:
+            raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
+        return JSONResponse({"id": generation_id, "status": decision.status, "requestId": decision.request_id},
+                            status_code=decision.http_status)
+
+    return app

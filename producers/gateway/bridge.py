@@ -1,0 +1,216 @@
+"""Stream bridge: `llm.tokens` + `llm.generations` -> per-generation views that HTTP streams read.
+
+The bridge follows both topics from the end from its start, so every
+generation admitted while it runs is seen from its first event, even when
+tokens arrive before the admission reply reaches the HTTP call. A view keeps
+its events until some time after the end (readers that come later get the
+resume buffer from Postgres instead).
+
+Epochs: the current epoch of a generation comes from its lifecycle; an
+interrupted epoch is dead, and its late tokens are ignored.
+The final event is the worker's `StreamFinished`; for ends without a worker
+(interrupted, rejected, canceled before start) the bridge writes it itself
+from the last recorded usage watermark, labelled "interrupted" where only the
+watermark was billed.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from consumers.kafka.follower import Follower
+from schemas.envelope import Envelope
+from schemas.lifecycle import (
+    Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Interrupted, Rejected, UsageReported,
+)
+from schemas.stream import StreamFinished, TokensEmitted
+from schemas.topics import GENERATIONS, TOKENS
+from schemas.values import Usage
+
+KEEP_ENDED_S = 300.0
+# A worker-ended generation's StreamFinished follows its terminal event; wait this long before writing our own.
+FINAL_GRACE_S = 2.0
+
+STATUS_OF_TERMINAL = {"Completed": "completed", "Canceled": "canceled", "Interrupted": "interrupted",
+                      "Expired": "expired", "Rejected": "rejected"}
+REASON_OF_TERMINAL = {"Canceled": "canceled", "Interrupted": "interrupted", "Expired": "expired",
+                      "Rejected": "rejected"}
+
+
+@dataclass
+class FinalEvent:
+    reason: str
+    usage: Usage
+    usage_label: str
+    seq: int
+
+
+@dataclass
+class GenerationView:
+    generation_id: str
+    tenant_id: str
+    request_id: str | None = None
+    model_version: str | None = None
+    status: str = "admitted"
+    epoch: int | None = None
+    worker_id: str | None = None
+    dead_epochs: set[int] = field(default_factory=set)
+    cancel_requested: bool = False
+    streams: dict[int, list[TokensEmitted]] = field(default_factory=dict)
+    finals: dict[int, FinalEvent] = field(default_factory=dict)
+    usage: dict[int, Usage] = field(default_factory=dict)
+    terminal: Envelope | None = None
+    terminal_at: float | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def current_epoch(self) -> int:
+        """The lifecycle's epoch; before the lifecycle is seen (tokens can overtake it), the newest streamed."""
+        if self.epoch is not None:
+            return self.epoch
+        return max(self.streams, default=1)
+
+    @property
+    def tokens(self) -> list[TokensEmitted]:
+        return self.streams.get(self.current_epoch, [])
+
+    @property
+    def final(self) -> FinalEvent | None:
+        return self.finals.get(self.current_epoch)
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    @property
+    def text(self) -> str:
+        return "".join(t.text_delta for t in self.tokens)
+
+    def as_status(self) -> dict:
+        usage = self.usage.get(self.current_epoch, Usage())
+        if self.final is not None:
+            usage = self.final.usage
+        return {"id": self.generation_id, "requestId": self.request_id, "model": self.model_version,
+                "status": self.status, "epoch": self.epoch, "workerId": self.worker_id,
+                "cancelRequested": self.cancel_requested,
+                "endReason": self.final.reason if self.final else None,
+                "usage": {"inputTokens": usage.processed_input_tokens, "cachedInputTokens": usage.cached_input_tokens,
+                          "outputTokens": usage.generated_output_tokens}}
+
+
+class StreamBridge:
+    def __init__(self, bootstrap: str, clock=time.monotonic) -> None:
+        self.views: dict[str, GenerationView] = {}
+        self.clock = clock
+        self.follower = Follower(bootstrap, [TOKENS, GENERATIONS], self.on_event, start="end",
+                                 client_id="gateway-bridge")
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        await self.follower.start()
+        self._tasks = [asyncio.create_task(self.follower.run(), name="bridge-follow"),
+                       asyncio.create_task(self._sweep(), name="bridge-sweep")]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await self.follower.stop()
+
+    def view(self, generation_id: str) -> GenerationView | None:
+        return self.views.get(generation_id)
+
+    def _view_for(self, event: Envelope) -> GenerationView:
+        view = self.views.get(event.generation_id)
+        if view is None:
+            view = self.views[event.generation_id] = GenerationView(event.generation_id, event.tenant_id)
+        return view
+
+    def on_event(self, topic: str, event: Envelope) -> None:
+        view = self._view_for(event)
+        if isinstance(event, TokensEmitted):
+            stream = view.streams.setdefault(event.epoch, [])
+            if event.epoch not in view.dead_epochs and event.epoch not in view.finals:
+                if not stream or event.seq > stream[-1].seq:
+                    stream.append(event)
+        elif isinstance(event, StreamFinished):
+            if event.epoch not in view.dead_epochs and event.epoch not in view.finals:
+                view.finals[event.epoch] = FinalEvent(event.reason, event.usage, event.usage_label, event.seq)
+        elif isinstance(event, Admitted):
+            view.request_id, view.model_version = event.request_id, event.model_version
+            view.epoch = max(view.epoch or 0, event.epoch or 1)
+        elif isinstance(event, AttemptStarted):
+            if event.epoch not in view.dead_epochs and event.epoch >= (view.epoch or 0):
+                view.epoch, view.worker_id = event.epoch, event.worker_id
+                if view.terminal is None:
+                    view.status = "running"
+        elif isinstance(event, CancelRequested):
+            view.cancel_requested = True
+        elif isinstance(event, UsageReported):
+            known = view.usage.get(event.epoch)
+            if known is None or event.usage.generated_output_tokens >= known.generated_output_tokens:
+                view.usage[event.epoch] = event.usage
+        elif type(event).__name__ in STATUS_OF_TERMINAL:
+            self._on_terminal(view, event)
+        view.notify()
+
+    def _on_terminal(self, view: GenerationView, event: Envelope) -> None:
+        if view.terminal is not None:
+            return
+        view.terminal, view.terminal_at = event, self.clock()
+        view.status = STATUS_OF_TERMINAL[type(event).__name__]
+        if isinstance(event, Interrupted):
+            view.dead_epochs.add(event.epoch)
+            self._finish_without_worker(view, "interrupted", "interrupted")
+        elif isinstance(event, Rejected):
+            self._finish_without_worker(view, "rejected", "final")
+        elif isinstance(event, (Completed, Canceled, Expired)):
+            view.usage[view.current_epoch] = event.usage
+
+    def _finish_without_worker(self, view: GenerationView, reason: str, label: str) -> None:
+        if view.final is None:
+            usage = view.usage.get(view.current_epoch, Usage())
+            seq = (view.tokens[-1].seq if view.tokens else 0) + 1
+            view.finals[view.current_epoch] = FinalEvent(reason, usage, label, seq)
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            now = self.clock()
+            for gen_id, view in list(self.views.items()):
+                if view.terminal_at is None:
+                    continue
+                if view.final is None and now - view.terminal_at > FINAL_GRACE_S:
+                    name = type(view.terminal).__name__
+                    self._finish_without_worker(view, REASON_OF_TERMINAL.get(name, "completed"), "final")
+                    view.notify()
+                elif now - view.terminal_at > KEEP_ENDED_S:
+                    del self.views[gen_id]
+
+    async def follow(self, generation_id: str, timeout_s: float = 600.0):
+        """Yield ("token", TokensEmitted) in seq order, then ("final", FinalEvent); ("timeout", None) if it stalls."""
+        sent = 0
+        deadline = self.clock() + timeout_s
+        while True:
+            view = self.views.get(generation_id)
+            if view is not None:
+                while sent < len(view.tokens):
+                    yield "token", view.tokens[sent]
+                    sent += 1
+                if view.final is not None:
+                    yield "final", view.final
+                    return
+                changed = view.changed
+            else:
+                changed = None
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                yield "timeout", None
+                return
+            try:
+                if changed is None:
+                    await asyncio.sleep(min(0.05, remaining))
+                else:
+                    await asyncio.wait_for(changed.wait(), min(remaining, 1.0))
+            except asyncio.TimeoutError:
+                pass

@@ -1,0 +1,75 @@
+"""The gateway's reads from Postgres: API keys -> tenant (cached briefly) and generation status rows."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import psycopg
+
+from producers.api_keys import KEY_PREFIX, hash_api_key
+
+AUTH_CACHE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Principal:
+    tenant_id: str
+    max_tokens_in_flight: int
+    tokens_per_minute: int
+
+    @property
+    def max_tokens_per_request(self) -> int:
+        """A request larger than this could never be admitted: it is invalid (400), not throttled (429)."""
+        return min(self.max_tokens_in_flight, self.tokens_per_minute)
+
+
+STATUS_COLUMNS = ("generation_id", "tenant_id", "request_id", "model_version", "status", "tier", "current_epoch",
+                  "worker_id", "cancel_requested", "end_reason", "input_tokens", "max_output_tokens",
+                  "processed_input_tokens", "cached_input_tokens", "generated_output_tokens", "admitted_at",
+                  "ended_at")
+
+
+class GatewayDatabase:
+    """One connection, used by one coroutine at a time; auth answers are cached for a few seconds."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.conn: psycopg.AsyncConnection | None = None
+        self.lock = asyncio.Lock()
+        self._auth: dict[str, tuple[float, Principal | None]] = {}
+
+    async def start(self) -> None:
+        self.conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+
+    async def stop(self) -> None:
+        if self.conn is not None:
+            await self.conn.close()
+
+    async def _fetchone(self, sql: str, params: tuple):
+        async with self.lock:
+            try:
+                cur = await self.conn.execute(sql, params)
+            except psycopg.OperationalError:
+                await self.start()  # reconnect once: Postgres restarts lose nothing but the connection
+                cur = await self.conn.execute(sql, params)
+            return await cur.fetchone()
+
+    async def authenticate(self, presented: str | None) -> Principal | None:
+        if not presented or not presented.startswith(f"{KEY_PREFIX}_") or len(presented) > 256:
+            return None
+        key_hash = hash_api_key(presented)
+        cached = self._auth.get(key_hash)
+        if cached is not None and time.monotonic() - cached[0] < AUTH_CACHE_S:
+            return cached[1]
+        row = await self._fetchone(
+            "SELECT t.tenant_id, t.max_tokens_in_flight, t.tokens_per_minute FROM api_keys k "
+            "JOIN tenants t USING (tenant_id) WHERE k.key_hash = %s AND k.revoked_at IS NULL", (key_hash,))
+        principal = Principal(row[0], int(row[1]), int(row[2])) if row else None
+        self._auth[key_hash] = (time.monotonic(), principal)
+        return principal
+
+    async def generation(self, generation_id: str) -> dict | None:
+        row = await self._fetchone(f"SELECT {', '.join(STATUS_COLUMNS)} FROM generations WHERE generation_id = %s",
+                                   (generation_id,))
+        return dict(zip(STATUS_COLUMNS, row)) if row else None

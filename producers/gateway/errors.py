@@ -1,0 +1,50 @@
+"""One JSON error shape for every gateway failure: {"code", "message", "details"}."""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, details: dict[str, Any] | None = None,
+                 retry_after_ms: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details or {}
+        self.retry_after_ms = retry_after_ms
+
+
+def error_response(status: int, code: str, message: str, details: dict[str, Any] | None = None,
+                   retry_after_ms: int | None = None) -> JSONResponse:
+    headers = {}
+    if retry_after_ms is not None:
+        # Retry-After is whole seconds; the exact jittered value travels in the body.
+        headers["Retry-After"] = str(max(1, -(-retry_after_ms // 1000)))
+        details = {**(details or {}), "retryAfterMs": retry_after_ms}
+    return JSONResponse({"code": code, "message": message, "details": details or {}}, status_code=status,
+                        headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def on_api_error(_request: Request, exc: ApiError):
+        return error_response(exc.status, exc.code, exc.message, exc.details, exc.retry_after_ms)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(_request: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        fields = [".".join(str(p) for p in e["loc"] if p != "body") or "body" for e in errors]
+        first = errors[0] if errors else {"msg": "invalid request"}
+        return error_response(400, "invalid_request", f"{fields[0] if fields else 'body'}: {first['msg']}",
+                              {"fields": fields})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(_request: Request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, code, str(exc.detail))

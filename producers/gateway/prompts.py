@@ -1,0 +1,108 @@
+"""Effective prompts: the pinned version's own tokenizer and chat template turn a request into token ids.
+
+The gateway follows `llm.models`; the tokenizer of a version is loaded once
+from its registered directory after the tokenizer files' checksums match the
+registration, so the gateway counts exactly the tokens the worker will run.
+The payload hash covers what makes two requests the same generation: version,
+effective token ids, limits and sampling (not `stream`, which is delivery).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from producers.gateway.errors import ApiError
+from producers.gateway.requests import GenerationRequest
+from producers.model_registry import TOKENIZER_FILES
+from schemas.registry_events import ModelVersionRegistered
+from schemas.values import SamplingParams
+
+
+@dataclass(frozen=True)
+class EffectivePrompt:
+    token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    payload_hash: str
+
+
+def sha256_file(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def payload_hash(version: str, token_ids: tuple[int, ...], max_output_tokens: int, sampling: SamplingParams) -> str:
+    canonical = json.dumps({"version": version, "tokens": list(token_ids), "maxOutputTokens": max_output_tokens,
+                            "sampling": sampling.model_dump(mode="json")}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class ModelCatalog:
+    """Registered versions (filled by a follower of `llm.models`) and their loaded tokenizers."""
+
+    def __init__(self) -> None:
+        self.versions: dict[str, ModelVersionRegistered] = {}
+        self._tokenizers: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, event: ModelVersionRegistered) -> None:
+        self.versions.setdefault(event.model_version, event)
+
+    def version(self, name: str) -> ModelVersionRegistered:
+        registered = self.versions.get(name)
+        if registered is None:
+            raise ApiError(404, "unknown_model", f"model version {name!r} is not registered", {"model": name})
+        return registered
+
+    def tokenizer(self, registered: ModelVersionRegistered):
+        with self._lock:
+            if registered.model_version not in self._tokenizers:
+                self._tokenizers[registered.model_version] = self._load(registered)
+            return self._tokenizers[registered.model_version]
+
+    @staticmethod
+    def _load(registered: ModelVersionRegistered):
+        from transformers import AutoTokenizer
+
+        if not registered.source_uri:
+            raise ApiError(503, "model_unavailable", f"{registered.model_version} has no registered location")
+        root = Path(registered.source_uri)
+        for name in TOKENIZER_FILES:
+            want = registered.checksums.get(name)
+            if want is not None and (not (root / name).is_file() or sha256_file(root / name) != want):
+                raise ApiError(503, "model_unavailable",
+                               f"{registered.model_version}: {name} does not match its registered checksum")
+        return AutoTokenizer.from_pretrained(root, local_files_only=True)
+
+    def render(self, request: GenerationRequest, max_tokens_per_request: int) -> EffectivePrompt:
+        """Token ids of the effective prompt, with limits checked (ApiError 400/404 otherwise)."""
+        registered = self.version(request.model)
+        tokenizer = self.tokenizer(registered)
+        if request.messages is not None:
+            rendered = tokenizer.apply_chat_template([m.model_dump() for m in request.messages],
+                                                     add_generation_prompt=True, tokenize=True)
+            ids = rendered["input_ids"] if isinstance(rendered, dict) or hasattr(rendered, "keys") else rendered
+        else:
+            ids = tokenizer(request.input)["input_ids"]
+        token_ids = tuple(int(t) for t in ids)
+        if not token_ids:
+            raise ApiError(400, "empty_input", "the effective prompt has no tokens", {"field": "input"})
+        total = len(token_ids) + request.max_output_tokens
+        if total > registered.max_context_tokens:
+            raise ApiError(400, "context_length_exceeded",
+                           f"{len(token_ids)} input + {request.max_output_tokens} output tokens exceed the context "
+                           f"of {registered.max_context_tokens}",
+                           {"field": "maxOutputTokens", "inputTokens": len(token_ids),
+                            "limit": registered.max_context_tokens})
+        if total > max_tokens_per_request:
+            raise ApiError(400, "tenant_limit_exceeded",
+                           f"{total} tokens exceed the tenant's limit of {max_tokens_per_request} per request",
+                           {"field": "maxOutputTokens", "inputTokens": len(token_ids),
+                            "limit": max_tokens_per_request})
+        sampling = SamplingParams(temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
+                                  seed=request.seed, stop=request.stop_strings())
+        return EffectivePrompt(token_ids, sampling,
+                               payload_hash(registered.model_version, token_ids, request.max_output_tokens, sampling))

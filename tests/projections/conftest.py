@@ -1,0 +1,128 @@
+"""Helpers for projection tests: publish synthetic lifecycles, project them, read the rows back."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from consumers.kafka.clients import publish
+from ledgerlm.settings import Settings
+from projections.lifecycle import LifecycleProjection
+from projections.runtime import Projector
+from projections.stream_buffer import StreamBufferProjection
+from schemas.lifecycle import Admitted, AttemptStarted, Completed, Interrupted, UsageReported
+from schemas.stream import StreamFinished, TokensEmitted
+from schemas.topics import GENERATIONS, TOKENS
+from schemas.values import Usage
+
+HASH = "cd" * 32
+
+
+@dataclass
+class Gen:
+    """Factory for one synthetic generation's events, with increasing event times."""
+
+    tenant_id: str
+    generation_id: str
+    clock: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def _at(self) -> datetime:
+        self.clock += timedelta(milliseconds=10)
+        return self.clock
+
+    def admitted(self, input_tokens: int = 40, max_output_tokens: int = 200) -> Admitted:
+        return Admitted(tenant_id=self.tenant_id, generation_id=self.generation_id, epoch=1,
+                        request_id=f"req-{self.generation_id}", model_version="demo@1", input_tokens=input_tokens,
+                        max_output_tokens=max_output_tokens, reserved_tokens=input_tokens + max_output_tokens,
+                        payload_hash=HASH, occurred_at=self._at())
+
+    def started(self, epoch: int = 1, worker: str = "worker-a") -> AttemptStarted:
+        return AttemptStarted(tenant_id=self.tenant_id, generation_id=self.generation_id, epoch=epoch,
+                              worker_id=worker, occurred_at=self._at())
+
+    def report(self, seq: int, output: int, input_tokens: int = 40, epoch: int = 1, cached: int = 16,
+               recompute: int = 0) -> UsageReported:
+        return UsageReported(tenant_id=self.tenant_id, generation_id=self.generation_id, epoch=epoch,
+                             report_seq=seq, occurred_at=self._at(),
+                             usage=Usage(processed_input_tokens=input_tokens, cached_input_tokens=cached,
+                                         generated_output_tokens=output, recompute_tokens=recompute))
+
+    def completed(self, output: int, epoch: int = 1, input_tokens: int = 40) -> Completed:
+        return Completed(tenant_id=self.tenant_id, generation_id=self.generation_id, epoch=epoch,
+                         finish_reason="stop", occurred_at=self._at(),
+                         usage=Usage(processed_input_tokens=input_tokens, cached_input_tokens=16,
+                                     generated_output_tokens=output))
+
+    def interrupted(self, epoch: int = 1) -> Interrupted:
+        return Interrupted(tenant_id=self.tenant_id, generation_id=self.generation_id, epoch=epoch,
+                           worker_id="worker-a", occurred_at=self._at())
+
+    def tokens(self, seq: int, token_count: int, epoch: int = 1, n: int = 1) -> TokensEmitted:
+        return TokensEmitted(tenant_id=self.tenant_id, generation_id=self.generation_id, epoch=epoch, seq=seq,
+                             token_ids=tuple(range(n)), text_delta="x" * n, token_count=token_count,
+                             occurred_at=self._at())
+
+    def finished(self, seq: int, reason: str = "completed", epoch: int = 1, output: int = 0,
+                 at: datetime | None = None) -> StreamFinished:
+        return StreamFinished(tenant_id=self.tenant_id, generation_id=self.generation_id, epoch=epoch, seq=seq,
+                              reason=reason, usage=Usage(generated_output_tokens=output),
+                              usage_label="interrupted" if reason == "interrupted" else "final",
+                              occurred_at=at or self._at())
+
+
+@pytest.fixture
+def gen() -> Gen:
+    return Gen(tenant_id=f"tenant-{uuid.uuid4().hex[:8]}", generation_id=f"gen-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture
+def emit(producer):
+    async def emit_all(*events):
+        for event in events:
+            topic = TOKENS if isinstance(event, (TokensEmitted, StreamFinished)) else GENERATIONS
+            await publish(producer, topic, event)
+    return emit_all
+
+
+@pytest.fixture
+def project(bootstrap, database_url, topics):
+    async def run(*projections):
+        projector = Projector(bootstrap, database_url,
+                              projections or [LifecycleProjection(), StreamBufferProjection(keep_events=8)])
+        try:
+            return await projector.catch_up()
+        finally:
+            projector.close()
+    return run
+
+
+def one(conn: psycopg.Connection, sql: str, *params):
+    return conn.execute(sql, params).fetchone()
+
+
+def all_rows(conn: psycopg.Connection, sql: str, *params):
+    return conn.execute(sql, params).fetchall()
+
+
+@pytest.fixture(scope="session")
+def projection_settings() -> Settings:
+    return Settings()
+
+
+@pytest.fixture
+def scratch_database_url(database_url):
+    """A fresh, migrated database: for tests whose projections must not see other tests' rows."""
+    from migrations import runner
+
+    name = f"scratch_{uuid.uuid4().hex[:10]}"
+    admin_url = database_url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = database_url.rsplit("/", 1)[0] + f"/{name}"
+    runner.upgrade(url)
+    yield url
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

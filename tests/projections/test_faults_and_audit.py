@@ -1,0 +1,125 @@
+"""Exactly-once effect under crashes, rebalances and aborted transactions; the replay audit."""
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import psycopg
+import pytest
+from aiokafka import TopicPartition
+
+from consumers.kafka.clients import make_producer, publish
+from ledgerlm.settings import Settings
+from projections.audit import audit_replay
+from projections.lifecycle import LifecycleProjection
+from projections.offsets import StaleOffset
+from projections.runtime import Projector
+from schemas.topics import GENERATIONS
+from tests.projections.conftest import Gen, one
+
+WATERMARK = ("SELECT generated_output_tokens, reports_counted FROM usage_watermarks "
+             "WHERE generation_id = %s AND epoch = 1")
+
+
+def run_projector(bootstrap: str, database_url: str, *args: str, crash_after: int | None = None):
+    env = {**os.environ, "LEDGERLM_KAFKA_BOOTSTRAP": bootstrap, "LEDGERLM_DATABASE_URL": database_url}
+    env.pop("LEDGERLM_PROJECTOR_CRASH_AFTER_BATCHES", None)
+    if crash_after is not None:
+        env["LEDGERLM_PROJECTOR_CRASH_AFTER_BATCHES"] = str(crash_after)
+    return subprocess.run([sys.executable, "-m", "ledgerlm", *args], capture_output=True, text=True,
+                          env=env, timeout=180)
+
+
+async def workload(emit) -> list[Gen]:
+    """Completions, a cancel-like early end and an interrupted attempt, with a duplicate report."""
+    gens = [Gen(tenant_id="audit-tenant", generation_id=f"gen-{uuid.uuid4().hex[:12]}") for _ in range(3)]
+    done, cut, lost = gens
+    dup = done.report(1, 10)
+    await emit(done.admitted(), done.started(), dup, dup, done.report(2, 25), done.tokens(1, 25, n=25),
+               done.completed(25), done.finished(2, output=25))
+    await emit(cut.admitted(), cut.started(), cut.report(1, 3), cut.completed(4), cut.report(7, 9))
+    await emit(lost.admitted(), lost.started(), lost.report(1, 6), *[lost.tokens(s, s) for s in range(1, 10)],
+               lost.interrupted(), lost.finished(10, reason="interrupted", output=6))
+    return gens
+
+
+async def test_killed_between_rows_and_commit_then_restarted_applies_once(emit, bootstrap, scratch_database_url):
+    done, _, lost = await workload(emit)
+    crashed = run_projector(bootstrap, scratch_database_url, "project", "--once", "--only", "generations",
+                            crash_after=1)
+    assert crashed.returncode == 86, crashed.stderr[-2000:]
+    with psycopg.connect(scratch_database_url) as conn:
+        assert one(conn, "SELECT count(*) FROM projection_offsets WHERE projection = 'generations'") == (0,)
+        assert one(conn, "SELECT count(*) FROM generations") == (0,)
+    resumed = run_projector(bootstrap, scratch_database_url, "project", "--once", "--json")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    again = run_projector(bootstrap, scratch_database_url, "project", "--once", "--json")
+    assert json.loads(again.stdout)["applied"] == {}
+    with psycopg.connect(scratch_database_url) as conn:
+        assert one(conn, WATERMARK, done.generation_id) == (25, 2)
+        assert one(conn, "SELECT count(*) FROM billing_ledger WHERE generation_id = ANY(%s)",
+                   [done.generation_id, lost.generation_id]) == (2,)
+        assert one(conn, "SELECT billed_output_tokens, usage_label FROM billing_ledger WHERE generation_id = %s",
+                   lost.generation_id) == (6, "interrupted")
+    audit = run_projector(bootstrap, scratch_database_url, "audit", "replay", "--json")
+    assert audit.returncode == 0, audit.stdout + audit.stderr[-2000:]
+    assert json.loads(audit.stdout)["differences"] == 0
+
+
+async def test_a_stale_projector_is_refused_by_compare_and_set(emit, bootstrap, scratch_database_url):
+    gen = Gen(tenant_id="cas-tenant", generation_id=f"gen-{uuid.uuid4().hex[:12]}")
+    await emit(gen.admitted(), gen.started(), gen.report(1, 11))
+    stale = Projector(bootstrap, scratch_database_url, [LifecycleProjection()])
+    current = Projector(bootstrap, scratch_database_url, [LifecycleProjection()])
+    try:
+        partitions = [TopicPartition(GENERATIONS, p) for p in range(6)]
+        stale._load_stored(partitions)  # believes nothing was applied yet
+        await current.catch_up()  # the new owner applies everything
+        tp = next(tp for tp in partitions if current.stored.get(tp))
+        with pytest.raises(StaleOffset):
+            stale._commit_batch(LifecycleProjection(), tp, [gen.report(2, 99)], current.stored[tp] + 1)
+    finally:
+        stale.close()
+        current.close()
+    with psycopg.connect(scratch_database_url) as conn:
+        assert one(conn, WATERMARK, gen.generation_id) == (11, 1)
+
+
+async def test_events_of_an_aborted_transaction_never_appear(bootstrap, database_url, topics, project, emit):
+    aborted = Gen(tenant_id="txn-tenant", generation_id=f"gen-{uuid.uuid4().hex[:12]}")
+    committed = Gen(tenant_id="txn-tenant", generation_id=f"gen-{uuid.uuid4().hex[:12]}")
+    producer = make_producer(bootstrap, transactional_id=f"test-abort-{uuid.uuid4().hex[:8]}")
+    await producer.start()
+    try:
+        await producer.begin_transaction()
+        await publish(producer, GENERATIONS, aborted.admitted())
+        await publish(producer, GENERATIONS, aborted.report(1, 50))
+        await producer.abort_transaction()
+        async with producer.transaction():
+            await publish(producer, GENERATIONS, committed.admitted())
+    finally:
+        await producer.stop()
+    await project(LifecycleProjection())
+    with psycopg.connect(database_url) as conn:
+        assert one(conn, "SELECT count(*) FROM generations WHERE generation_id = %s", aborted.generation_id) == (0,)
+        assert one(conn, "SELECT count(*) FROM usage_reports WHERE generation_id = %s", aborted.generation_id) == (0,)
+        assert one(conn, "SELECT status FROM generations WHERE generation_id = %s",
+                   committed.generation_id) == ("admitted",)
+
+
+async def test_audit_finds_a_tampered_row_and_exits_1(emit, bootstrap, scratch_database_url):
+    done, _, _ = await workload(emit)
+    assert run_projector(bootstrap, scratch_database_url, "project", "--once").returncode == 0
+    report = await audit_replay(bootstrap, scratch_database_url, Settings())
+    assert report.differences == 0 and report.replayed["generations"] > 0, json.dumps(report.as_dict())[:3000]
+    with psycopg.connect(scratch_database_url) as conn:
+        conn.execute("UPDATE usage_watermarks SET generated_output_tokens = 24 WHERE generation_id = %s",
+                     (done.generation_id,))
+    audit = run_projector(bootstrap, scratch_database_url, "audit", "replay")
+    assert audit.returncode == 1
+    assert "usage_watermarks: 1 row(s) only live, 1 only in replay" in audit.stdout
+    assert done.generation_id in audit.stdout
+    with psycopg.connect(scratch_database_url) as conn:
+        leftovers = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'audit_%'").fetchall()
+    assert leftovers == []
