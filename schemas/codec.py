@@ -7,9 +7,11 @@
 """
 from __future__ import annotations
 
+import functools
 import json
+from typing import Annotated, Union
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from schemas.envelope import Envelope
 from schemas.topics import TOPICS, spec
@@ -50,7 +52,28 @@ def encode(event: BaseModel) -> bytes:
     return event.model_dump_json().encode("utf-8")
 
 
+@functools.cache
+def _topic_adapter(topic: str) -> TypeAdapter:
+    """One parse per record: a union discriminated by `type` over the topic's record types."""
+    models = spec(topic).carries
+    if len(models) == 1:
+        return TypeAdapter(models[0])
+    return TypeAdapter(Annotated[Union[models], Field(discriminator="type")])  # noqa: UP007
+
+
 def decode(topic: str, data: bytes | None) -> Envelope:
+    if data is not None:
+        try:
+            event = _topic_adapter(topic).validate_json(data)
+        except ValidationError:
+            pass  # the slow path below says precisely what is wrong
+        else:
+            if event.schema_version in SUPPORTED_SCHEMA_VERSIONS:
+                return event
+    return _diagnose(topic, data)
+
+
+def _diagnose(topic: str, data: bytes | None) -> Envelope:
     topic_spec = spec(topic)
     if data is None:
         raise MalformedRecord(topic, "record has no value (tombstone)")

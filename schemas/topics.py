@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -69,7 +70,12 @@ class TopicSpec:
         return configs
 
     def type_names(self) -> frozenset[str]:
-        return frozenset(model.model_fields["type"].default for model in self.carries)
+        return _type_names(self.carries)
+
+
+@functools.cache
+def _type_names(carries: tuple[type[BaseModel], ...]) -> frozenset[str]:
+    return frozenset(model.model_fields["type"].default for model in carries)
 
 
 TOPICS: tuple[TopicSpec, ...] = (

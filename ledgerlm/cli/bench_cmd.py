@@ -20,6 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     engine.add_argument("--seed", type=int, default=0)
     engine.set_defaults(handler=run_engine_bench)
 
+    from ledgerlm.cli.bench_projector_cmd import register_projector
+    register_projector(bench)
+
 
 def run_engine_bench(args: argparse.Namespace) -> int:
     from bench.engine_bench import run_bench
