@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psycopg
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -64,7 +65,8 @@ class Projector:
                  divert: Divert = decode_quietly, schema: str | None = None,
                  group_id: str = "ledgerlm-projector", max_records: int = 5000,
                  crash_after_batches: int | None = None,
-                 on_commit: Callable[[str, list[Envelope]], None] | None = None) -> None:
+                 on_commit: Callable[[str, list[Envelope]], None] | None = None,
+                 metrics_path: Path | None = None) -> None:
         self.bootstrap = bootstrap
         self.by_topic = {p.topic: p for p in projections}
         self.divert = divert
@@ -75,6 +77,8 @@ class Projector:
         self.stats = ProjectorStats()
         self.crash_after_batches = crash_after_batches
         self.on_commit = on_commit  # observes committed batches (benchmarks measure lag with it)
+        self.assignment: set[TopicPartition] = set()  # group mode: partitions this member owns now
+        self.metrics_path = metrics_path
         self._batches = 0
 
     def close(self) -> None:
@@ -155,10 +159,11 @@ class Projector:
 
         class SeekToStored(ConsumerRebalanceListener):
             async def on_partitions_revoked(self, revoked):
-                return None
+                projector.assignment -= set(revoked)
 
             async def on_partitions_assigned(self, assigned):
                 await projector._seek_stored(consumer, list(assigned))
+                projector.assignment |= set(assigned)
 
         consumer.subscribe(list(self.by_topic), listener=SeekToStored())
         await consumer.start()
@@ -187,6 +192,8 @@ class Projector:
         self.stats.lag = lag
         for name, behind in sorted(lag.items()):
             log.info("projection lag projection=%s records=%d", name, behind)
+        if self.metrics_path is not None:
+            write_lag_metric(self.metrics_path, lag)
 
     async def catch_up(self, targets: dict[TopicPartition, int] | None = None) -> ProjectorStats:
         """Apply every assigned partition from its stored offset up to `targets` (default: the end now)."""
@@ -213,3 +220,14 @@ class Projector:
 
     async def _all_partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         return [tp for topic in self.by_topic for tp in await partitions_of(consumer, topic)]
+
+
+def write_lag_metric(path: Path, lag: dict[str, int]) -> None:
+    """Prometheus text format, replaced atomically (a node exporter's textfile collector reads it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["# HELP ledgerlm_projection_lag_records Records in the log not yet applied by the projection.",
+             "# TYPE ledgerlm_projection_lag_records gauge"]
+    lines += [f'ledgerlm_projection_lag_records{{projection="{name}"}} {behind}' for name, behind in sorted(lag.items())]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)

@@ -46,7 +46,8 @@ def run_project(args: argparse.Namespace) -> int:
         await producer.start()
         projector = Projector(bootstrap, database_url(settings), projections,
                               divert=DeadLetterRouter(producer).decode_or_divert, group_id=settings.projector_group,
-                              crash_after_batches=settings.projector_crash_after_batches)
+                              crash_after_batches=settings.projector_crash_after_batches,
+                              metrics_path=settings.home / "metrics" / "projector.prom")
         try:
             if args.once:
                 stats = await projector.catch_up()

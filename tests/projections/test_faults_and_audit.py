@@ -123,3 +123,79 @@ async def test_audit_finds_a_tampered_row_and_exits_1(emit, bootstrap, scratch_d
     with psycopg.connect(scratch_database_url) as conn:
         leftovers = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'audit_%'").fetchall()
     assert leftovers == []
+
+
+async def start_at_log_end(bootstrap: str, database_url: str, projection) -> None:
+    """Store the current end offsets, so a scratch projector skips everything already in the log."""
+    from consumers.kafka.clients import make_consumer, partitions_of
+    from projections.offsets import advance
+
+    consumer = make_consumer(bootstrap)
+    await consumer.start()
+    try:
+        partitions = await partitions_of(consumer, projection.topic)
+        ends = await consumer.end_offsets(partitions)
+    finally:
+        await consumer.stop()
+    with psycopg.connect(database_url) as conn:
+        for tp, end in ends.items():
+            advance(conn, projection.name, tp.topic, tp.partition, None, end)
+
+
+async def test_two_projectors_through_a_rebalance_apply_everything_once(emit, bootstrap, scratch_database_url):
+    import asyncio
+
+    await start_at_log_end(bootstrap, scratch_database_url, LifecycleProjection())
+    group = f"test-rebalance-{uuid.uuid4().hex[:8]}"
+    first = Projector(bootstrap, scratch_database_url, [LifecycleProjection()], group_id=group)
+    second = Projector(bootstrap, scratch_database_url, [LifecycleProjection()], group_id=group)
+    stops = [asyncio.Event(), asyncio.Event()]
+    gens = [Gen(tenant_id="rebalance", generation_id=f"gen-{uuid.uuid4().hex[:12]}") for _ in range(24)]
+
+    async def wait_for(sql: str, expected: int) -> None:
+        for _ in range(150):
+            with psycopg.connect(scratch_database_url) as conn:
+                if one(conn, sql)[0] == expected:
+                    return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {expected}: {sql}")
+
+    tasks = [asyncio.create_task(first.run(stops[0], lag_every_s=3600))]
+    try:
+        for g in gens[:12]:
+            await emit(g.admitted(), g.started(), g.report(1, 5))
+        await wait_for("SELECT count(*) FROM usage_reports", 12)
+        tasks.append(asyncio.create_task(second.run(stops[1], lag_every_s=3600)))
+        for _ in range(200):  # the group rebalances: both members own partitions, none owned twice
+            if second.assignment and first.assignment and len(first.assignment | second.assignment) == 6:
+                break
+            await asyncio.sleep(0.05)
+        assert not first.assignment & second.assignment
+        assert len(first.assignment) + len(second.assignment) == 6
+        for g in gens:  # during the rebalance: reports for every generation, then admissions of the rest
+            await emit(g.report(2, 9))
+        for g in gens[12:]:
+            await emit(g.admitted(), g.started(), g.report(1, 5), g.completed(9))
+        for g in gens[:12]:
+            await emit(g.completed(9))
+        await wait_for("SELECT count(*) FROM billing_ledger", 24)
+    finally:
+        for stop in stops:
+            stop.set()
+        await asyncio.gather(*tasks)
+        first.close()
+        second.close()
+    with psycopg.connect(scratch_database_url) as conn:
+        assert one(conn, "SELECT count(*), sum(reports_counted) FROM usage_watermarks") == (24, 48)
+        assert one(conn, "SELECT count(*), sum(billed_output_tokens) FROM billing_ledger") == (24, 24 * 9)
+    assert sum(p.stats.applied.get("generations", 0) for p in (first, second)) == 12 * 3 + 24 + 12 * 4 + 12
+    assert second.stats.applied.get("generations", 0) > 0
+
+
+def test_lag_metric_is_written_in_prometheus_text_format(tmp_path):
+    from projections.runtime import write_lag_metric
+
+    path = tmp_path / "metrics" / "projector.prom"
+    write_lag_metric(path, {"stream": 12, "generations": 0})
+    assert path.read_text().splitlines()[2:] == ['ledgerlm_projection_lag_records{projection="generations"} 0',
+                                                 'ledgerlm_projection_lag_records{projection="stream"} 12']
