@@ -40,18 +40,34 @@ class ModelDims:
 
 
 @dataclass(frozen=True)
+class DecodeGroup:
+    """Rows [start, start+count) are one-token decodes with similar context lengths.
+
+    `block_tables` [count, W] lists each row's blocks (padded with block 0);
+    `bias` [count, W * block_size] is 0 for real positions and -inf for
+    padding. Rows are grouped by length so short contexts are not padded to
+    the longest one in the step.
+    """
+
+    start: int
+    count: int
+    block_tables: torch.Tensor
+    bias: torch.Tensor
+
+
+@dataclass(frozen=True)
 class PrefillChunk:
     """Rows [start, start+length) of the batch: positions [pos0, pos0+length) of one sequence.
 
-    `context_slots` lists the pool slots of positions [0, pos0+length) when the
-    chunk continues earlier context (prefix hit or an earlier chunk); None when
-    pos0 == 0, in which case attention uses the chunk's own keys directly.
+    `context_blocks` lists the blocks holding positions [0, pos0+length) when
+    the chunk continues earlier context (prefix hit or an earlier chunk); None
+    when pos0 == 0, in which case attention uses the chunk's own keys directly.
     """
 
     start: int
     length: int
     pos0: int
-    context_slots: torch.Tensor | None
+    context_blocks: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -61,9 +77,8 @@ class ForwardBatch:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     slot_mapping: torch.Tensor  # [T] where each token's key/value is written
-    num_decodes: int
-    decode_slots: torch.Tensor | None  # [B, max_context] pool slots, padded
-    decode_bias: torch.Tensor | None  # [B, max_context] 0 or -inf for padding
+    block_size: int
+    decode_groups: tuple[DecodeGroup, ...]
     prefills: tuple[PrefillChunk, ...]
     logits_indices: torch.Tensor  # [S] rows whose next-token logits are needed
 
@@ -164,31 +179,36 @@ class LlamaModel:
     def _attention(self, batch: ForwardBatch, q, k, v, k_pool, v_pool) -> torch.Tensor:
         d = self.dims
         group = d.num_heads // d.num_kv_heads
+        kvh, hd, bs = d.num_kv_heads, d.head_dim, batch.block_size
+        # Block-granular view of the pool: gathering whole blocks (bs*D values
+        # each) copies far fewer, larger pieces than gathering single slots.
+        k_blocks = k_pool.view(kvh, -1, bs * hd)
+        v_blocks = v_pool.view(kvh, -1, bs * hd)
         parts = []
-        nd = batch.num_decodes
-        if nd:
-            # [KVH, B, group, D] @ [KVH, B, D, C]: one batched matmul for all decodes.
-            qd = q[:nd].view(nd, d.num_kv_heads, group, d.head_dim).transpose(0, 1)
-            kd = k_pool[:, batch.decode_slots]  # [KVH, B, C, D]
-            vd = v_pool[:, batch.decode_slots]
+        for g in batch.decode_groups:
+            n, width = g.block_tables.shape
+            # [KVH, n, group, D] @ [KVH, n, D, C]: one batched matmul per group.
+            qd = q[g.start : g.start + n].view(n, kvh, group, hd).transpose(0, 1)
+            kd = k_blocks[:, g.block_tables].view(kvh, n, width * bs, hd)
+            vd = v_blocks[:, g.block_tables].view(kvh, n, width * bs, hd)
             scores = torch.matmul(qd, kd.transpose(-1, -2)) * self.scale
-            scores = scores + batch.decode_bias[None, :, None, :]
+            scores = scores + g.bias[None, :, None, :]
             probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-            out = torch.matmul(probs, vd)  # [KVH, B, group, D]
-            parts.append(out.transpose(0, 1).reshape(nd, d.q_size))
+            out = torch.matmul(probs, vd)  # [KVH, n, group, D]
+            parts.append(out.transpose(0, 1).reshape(n, d.q_size))
         for chunk in batch.prefills:
             rows = slice(chunk.start, chunk.start + chunk.length)
             qp = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-            if chunk.context_slots is None:
+            if chunk.context_blocks is None:
                 kp = k[rows].transpose(0, 1).unsqueeze(0)
                 vp = v[rows].transpose(0, 1).unsqueeze(0)
                 out = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=self.scale, enable_gqa=True)
             else:
-                kp = k_pool[:, chunk.context_slots].unsqueeze(0)  # [1, KVH, ctx, D]
-                vp = v_pool[:, chunk.context_slots].unsqueeze(0)
-                qpos = torch.arange(chunk.pos0, chunk.pos0 + chunk.length, device=q.device)
-                kpos = torch.arange(chunk.pos0 + chunk.length, device=q.device)
-                mask = kpos[None, :] <= qpos[:, None]
+                ctx = chunk.pos0 + chunk.length
+                kp = k_blocks[:, chunk.context_blocks].view(1, kvh, -1, hd)[:, :, :ctx]
+                vp = v_blocks[:, chunk.context_blocks].view(1, kvh, -1, hd)[:, :, :ctx]
+                qpos = torch.arange(chunk.pos0, ctx, device=q.device)
+                mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]
                 out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=self.scale, enable_gqa=True)
             parts.append(out[0].transpose(0, 1).reshape(chunk.length, d.q_size))
         return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -3,9 +3,17 @@ from __future__ import annotations
 
 import torch
 
-from engine.llama import ForwardBatch, LlamaModel, PrefillChunk
+from engine.llama import DecodeGroup, ForwardBatch, LlamaModel, PrefillChunk
 from engine.sampler import Sampler
 from engine.scheduler import ScheduledChunk, SchedulerOutput
+
+# A decode row joins the current group while its context is at least this
+# fraction of the group's longest: bounds padding waste per row at 50%.
+_GROUP_FILL = 0.5
+# ...and while the group's padded context stays under this many tokens: the
+# gathered keys/values of one group then stay in the CPU cache between the
+# gather and the two matmuls that read them, instead of going through DRAM.
+GROUP_MAX_TOKENS = 4096
 
 
 class ModelRunner:
@@ -17,7 +25,6 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.sampler = Sampler()
-        self._offsets = torch.arange(block_size, device=device)
 
     def run(
         self, out: SchedulerOutput, generators: dict[str, torch.Generator]
@@ -31,6 +38,7 @@ class ModelRunner:
         return list(zip(sampling, tokens))
 
     def prepare(self, out: SchedulerOutput) -> tuple[ForwardBatch, list[ScheduledChunk]]:
+        """Flatten decodes (longest context first) then prefill chunks into one batch."""
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -38,23 +46,18 @@ class ModelRunner:
         logits_rows: list[int] = []
         sampling: list[ScheduledChunk] = []
 
-        decode_slots = decode_bias = None
-        if out.decodes:
-            contexts = []
-            tables = []
-            for row, chunk in enumerate(out.decodes):
-                seq = chunk.seq
-                pos = seq.num_computed_tokens
-                input_ids.append(seq.token_ids[pos])
-                positions.append(pos)
-                slots.append(seq.block_table[pos // bs] * bs + pos % bs)
-                contexts.append(pos + 1)
-                tables.append(seq.block_table)
-                # A one-token chunk can also be the middle of a prompt.
-                if chunk.samples:
-                    logits_rows.append(row)
-                    sampling.append(chunk)
-            decode_slots, decode_bias = self._decode_tables(tables, contexts)
+        decodes = sorted(out.decodes, key=lambda c: -c.seq.num_computed_tokens)
+        for row, chunk in enumerate(decodes):
+            seq = chunk.seq
+            pos = seq.num_computed_tokens
+            input_ids.append(seq.token_ids[pos])
+            positions.append(pos)
+            slots.append(seq.block_table[pos // bs] * bs + pos % bs)
+            # A one-token chunk can also be the middle of a prompt.
+            if chunk.samples:
+                logits_rows.append(row)
+                sampling.append(chunk)
+        groups = self._decode_groups(decodes)
 
         prefills = []
         for chunk in out.prefills:
@@ -65,41 +68,52 @@ class ModelRunner:
             positions.extend(range(pos0, pos0 + n))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(pos0, pos0 + n))
-            context_slots = None
+            context_blocks = None
             if pos0 > 0:
-                context_slots = self._slots(torch.tensor(table, device=self.device), pos0 + n)
-            prefills.append(PrefillChunk(start, n, pos0, context_slots))
+                context_blocks = self._tensor(table[: -(-(pos0 + n) // bs)])
+            prefills.append(PrefillChunk(start, n, pos0, context_blocks))
             if chunk.samples:
                 logits_rows.append(start + n - 1)
                 sampling.append(chunk)
 
-        def t(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.long, device=self.device)
-
         batch = ForwardBatch(
-            input_ids=t(input_ids),
-            positions=t(positions),
-            slot_mapping=t(slots),
-            num_decodes=len(out.decodes),
-            decode_slots=decode_slots,
-            decode_bias=decode_bias,
+            input_ids=self._tensor(input_ids),
+            positions=self._tensor(positions),
+            slot_mapping=self._tensor(slots),
+            block_size=bs,
+            decode_groups=groups,
             prefills=tuple(prefills),
-            logits_indices=t(logits_rows),
+            logits_indices=self._tensor(logits_rows),
         )
         return batch, sampling
 
-    def _slots(self, table: torch.Tensor, num_tokens: int) -> torch.Tensor:
-        return (table[:, None] * self.block_size + self._offsets).reshape(-1)[:num_tokens]
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
 
-    def _decode_tables(self, tables: list[list[int]], contexts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        max_context = max(contexts)
-        width = -(-max_context // self.block_size)
-        # Padding entries point at slot 0 (any valid slot) and are masked to -inf.
-        padded = [tbl[:width] + [0] * (width - min(len(tbl), width)) for tbl in tables]
-        table = torch.tensor(padded, dtype=torch.long, device=self.device)
-        slots = (table[:, :, None] * self.block_size + self._offsets).reshape(len(tables), -1)[:, :max_context]
-        ctx = torch.tensor(contexts, device=self.device)
-        valid = torch.arange(max_context, device=self.device)[None, :] < ctx[:, None]
+    def _decode_groups(self, decodes: list[ScheduledChunk]) -> tuple[DecodeGroup, ...]:
+        groups = []
+        start = 0
+        while start < len(decodes):
+            longest = decodes[start].seq.num_computed_tokens + 1
+            end = start + 1
+            cap = max(1, GROUP_MAX_TOKENS // longest)
+            while (
+                end < len(decodes)
+                and end - start < cap
+                and decodes[end].seq.num_computed_tokens + 1 >= _GROUP_FILL * longest
+            ):
+                end += 1
+            groups.append(self._decode_group(decodes, start, end, longest))
+            start = end
+        return tuple(groups)
+
+    def _decode_group(self, decodes: list[ScheduledChunk], start: int, end: int, longest: int) -> DecodeGroup:
+        bs = self.block_size
+        width = -(-longest // bs)
+        # Padding entries point at block 0 (any valid block) and are masked to -inf.
+        tables = [c.seq.block_table[:width] + [0] * (width - min(len(c.seq.block_table), width)) for c in decodes[start:end]]
+        contexts = torch.tensor([c.seq.num_computed_tokens + 1 for c in decodes[start:end]], device=self.device)
+        valid = torch.arange(width * bs, device=self.device)[None, :] < contexts[:, None]
         bias = torch.zeros(valid.shape, dtype=self.model.cos.dtype, device=self.device)
         bias.masked_fill_(~valid, float("-inf"))
-        return slots, bias
+        return DecodeGroup(start, end - start, self._tensor(tables), bias)

@@ -37,11 +37,11 @@ def seal(conn: psycopg.Connection, s: SealInput) -> bool:
                                     billed_input_tokens, billed_cached_input_tokens, billed_output_tokens,
                                     reserved_tokens, released_tokens, sealed_at)
         VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-        ON CONFLICT (generation_id) DO NOTHING
+        ON CONFLICT (generation_id) DO NOTHING RETURNING 1
         """,
         (s.generation_id, s.tenant_id, s.epoch, s.model_version, s.end_reason, s.usage_label,
          usage.processed_input_tokens, usage.cached_input_tokens, usage.generated_output_tokens,
-         s.reserved_tokens, max(0, s.reserved_tokens - used), s.sealed_at)).rowcount == 1
+         s.reserved_tokens, max(0, s.reserved_tokens - used), s.sealed_at)).fetchone() is not None
     if not inserted:
         return False
     conn.execute(

@@ -38,10 +38,13 @@ class LifecycleProjection:
                 "usage_reconciliation", "tenant_usage_hourly")
 
     def apply(self, conn: psycopg.Connection, events: Sequence[Envelope]) -> None:
-        for event in events:
-            handler = HANDLERS.get(type(event))
-            if handler is not None:
-                handler(conn, event)
+        # Pipelined: statements stream to the server in log order; only a terminal event waits
+        # for an answer (it reads the generation row before sealing).
+        with conn.pipeline():
+            for event in events:
+                handler = HANDLERS.get(type(event))
+                if handler is not None:
+                    handler(conn, event)
 
 
 def on_admitted(conn: psycopg.Connection, e: Admitted) -> None:

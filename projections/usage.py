@@ -14,22 +14,38 @@ from schemas.values import Usage
 COUNTERS = ("processed_input_tokens", "cached_input_tokens", "generated_output_tokens", "recompute_tokens")
 
 
-def is_sealed(conn: psycopg.Connection, generation_id: str) -> bool:
-    return conn.execute("SELECT 1 FROM billing_ledger WHERE generation_id = %s",
-                        (generation_id,)).fetchone() is not None
-
-
 def record_report(conn: psycopg.Connection, event: UsageReported) -> None:
-    first_time = conn.execute(
-        "INSERT INTO usage_reports (generation_id, epoch, report_seq) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-        (event.generation_id, event.epoch, event.report_seq)).rowcount == 1
-    if not first_time:
-        return
-    if is_sealed(conn, event.generation_id):
-        record_post_seal(conn, event)
-        return
-    raise_watermark(conn, event.tenant_id, event.generation_id, event.epoch, event.usage, event.occurred_at,
-                    counted=1)
+    """Count a report once: raise its watermark, or, after the seal, note it for reconciliation.
+
+    One statement (data-modifying CTEs), so a batch of reports can be pipelined
+    without a round trip per report.
+    """
+    counts = tuple(getattr(event.usage, c) for c in COUNTERS)
+    conn.execute(
+        f"""
+        WITH fresh AS (
+            INSERT INTO usage_reports (generation_id, epoch, report_seq) VALUES (%(g)s, %(e)s, %(seq)s)
+            ON CONFLICT DO NOTHING RETURNING 1
+        ), sealed AS (
+            SELECT 1 FROM billing_ledger WHERE generation_id = %(g)s
+        ), raised AS (
+            INSERT INTO usage_watermarks (generation_id, epoch, tenant_id, {", ".join(COUNTERS)},
+                                          reports_counted, updated_at)
+            SELECT %(g)s, %(e)s, %(t)s, %(c0)s, %(c1)s, %(c2)s, %(c3)s, 1, %(at)s
+            WHERE EXISTS (SELECT 1 FROM fresh) AND NOT EXISTS (SELECT 1 FROM sealed)
+            ON CONFLICT (generation_id, epoch) DO UPDATE SET
+                {", ".join(f"{c} = GREATEST(usage_watermarks.{c}, EXCLUDED.{c})" for c in COUNTERS)},
+                reports_counted = usage_watermarks.reports_counted + 1,
+                updated_at = GREATEST(usage_watermarks.updated_at, EXCLUDED.updated_at)
+        )
+        INSERT INTO usage_reconciliation (generation_id, epoch, kind, report_seq, tenant_id,
+                                          {", ".join(COUNTERS)}, recorded_at)
+        SELECT %(g)s, %(e)s, 'post_seal_report', %(seq)s, %(t)s, %(c0)s, %(c1)s, %(c2)s, %(c3)s, %(at)s
+        WHERE EXISTS (SELECT 1 FROM fresh) AND EXISTS (SELECT 1 FROM sealed)
+        ON CONFLICT DO NOTHING
+        """,
+        {"g": event.generation_id, "e": event.epoch, "seq": event.report_seq, "t": event.tenant_id,
+         "c0": counts[0], "c1": counts[1], "c2": counts[2], "c3": counts[3], "at": event.occurred_at})
 
 
 def raise_watermark(conn: psycopg.Connection, tenant_id: str, generation_id: str, epoch: int, usage: Usage,
@@ -46,18 +62,6 @@ def raise_watermark(conn: psycopg.Connection, tenant_id: str, generation_id: str
             updated_at = GREATEST(usage_watermarks.updated_at, EXCLUDED.updated_at)
         """,
         (generation_id, epoch, tenant_id, *(getattr(usage, c) for c in COUNTERS), counted, at))
-
-
-def record_post_seal(conn: psycopg.Connection, event: UsageReported) -> None:
-    conn.execute(
-        f"""
-        INSERT INTO usage_reconciliation (generation_id, epoch, kind, report_seq, tenant_id,
-                                          {", ".join(COUNTERS)}, recorded_at)
-        VALUES (%s, %s, 'post_seal_report', %s, %s, %s, %s, %s, %s, %s)
-        ON CONFLICT DO NOTHING
-        """,
-        (event.generation_id, event.epoch, event.report_seq, event.tenant_id,
-         *(getattr(event.usage, c) for c in COUNTERS), event.occurred_at))
 
 
 def watermark(conn: psycopg.Connection, generation_id: str, epoch: int | None) -> Usage:

@@ -158,7 +158,8 @@ class Worker:
             return
         if output.new_token_ids or output.text_delta:
             await self.send(TOKENS, TokensEmitted(**attempt.scoped, seq=attempt.next_seq(),
-                                                  token_ids=output.new_token_ids, text_delta=output.text_delta))
+                                                  token_ids=output.new_token_ids, text_delta=output.text_delta,
+                                                  token_count=output.num_output_tokens))
         now = time.monotonic()
         if output.finished:
             await self.finish(attempt, output)
@@ -248,7 +249,10 @@ class Worker:
         log.info("worker ready worker=%s model=%s blocks=%d", self.worker_id, self.model.model_version,
                  self.total_blocks)
         try:
-            await heartbeats  # returns once a drain has finished every attempt
+            # The heartbeat loop returns once a drain has finished every attempt; any loop failing stops us.
+            done, _ = await asyncio.wait([*tasks, heartbeats], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
         finally:
             for task in tasks:
                 task.cancel()

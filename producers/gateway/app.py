@@ -132,7 +132,8 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
             if kind == "token":
                 text.append(item.text_delta)
             elif kind == "final":
-                return {**final_payload(item, generation_id), "status": item.reason, "text": "".join(text)}
+                status = "completed" if item.reason in ("completed", "output-limit") else item.reason
+                return {**final_payload(item, generation_id), "status": status, "text": "".join(text)}
         raise ApiError(504, "wait_timeout", "the generation did not end in time", {"generationId": generation_id})
 
     @app.get("/healthz")

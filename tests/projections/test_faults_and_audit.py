@@ -158,7 +158,12 @@ async def test_two_projectors_through_a_rebalance_apply_everything_once(emit, bo
                 if one(conn, sql)[0] == expected:
                     return
             await asyncio.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {expected}: {sql}")
+        with psycopg.connect(scratch_database_url) as conn:
+            got = one(conn, sql)[0]
+            offsets = conn.execute("SELECT partition, next_offset FROM projection_offsets ORDER BY 1").fetchall()
+        raise AssertionError(f"timed out waiting for {expected} (got {got}): {sql}; offsets {offsets}; "
+                             f"first {first.stats} {sorted(tp.partition for tp in first.assignment)}; "
+                             f"second {second.stats} {sorted(tp.partition for tp in second.assignment)}")
 
     tasks = [asyncio.create_task(first.run(stops[0], lag_every_s=3600))]
     try:

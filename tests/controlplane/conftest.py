@@ -1,0 +1,285 @@
+"""Control-plane fixtures: real Kafka and Postgres, a controller process, in-process workers and gateway.
+
+The controller runs as a real process (so a test can kill -9 it) in a consumer
+group of its own, started at the current end of `llm.commands`; workers run
+in this process (their engines share one torch import) unless a test needs
+to kill one. Tenants are created before the controller starts, so its tenant
+registry already holds them when the first command arrives.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from ledgerlm.settings import Settings
+from schemas.values import TenantLimits
+
+SESSION = uuid.uuid4().hex[:8]
+BLOCK = 16
+
+ENV = {
+    "LEDGERLM_CONTROLLER_GROUP": f"test-controller-{SESSION}",
+    "LEDGERLM_LEASE_MS": "2000",
+    "LEDGERLM_HEARTBEAT_INTERVAL_MS": "250",
+    "LEDGERLM_LEASE_CHECK_INTERVAL_MS": "100",
+    "LEDGERLM_USAGE_REPORT_TOKENS": "4",
+    "LEDGERLM_USAGE_REPORT_MS": "200",
+    "LEDGERLM_RETRY_AFTER_MS": "1000",
+    "LEDGERLM_ADMISSION_TIMEOUT_MS": "20000",
+    "LEDGERLM_WORKER_DEVICE": "cpu",
+    "LEDGERLM_WORKER_KV_CACHE_BYTES": str(256 * BLOCK * 512),  # 256 blocks of the tiny model (512 B/token)
+}
+
+TENANTS = {  # name suffix -> limits
+    "main": TenantLimits(),
+    "other": TenantLimits(),
+    "single": TenantLimits(max_concurrency=1),
+    "kill": TenantLimits(max_concurrency=1),
+    "restart": TenantLimits(max_concurrency=1),
+    "drain": TenantLimits(),
+}
+
+
+@dataclass
+class Tenant:
+    tenant_id: str
+    api_key: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+
+@pytest.fixture(scope="session")
+def cp_settings(services) -> Settings:
+    return Settings(**{k.removeprefix("LEDGERLM_").lower(): v for k, v in ENV.items()})
+
+
+@pytest.fixture(scope="session")
+def cp_env(services, database_url) -> dict[str, str]:
+    return {**os.environ, **ENV, "LEDGERLM_KAFKA_BOOTSTRAP": services.kafka_bootstrap,
+            "LEDGERLM_DATABASE_URL": database_url}
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    from engine.demo_model import build_demo_model
+
+    # Untrained weights: deterministic, and they almost never sample the end token, so lengths are exact.
+    return build_demo_model(tmp_path_factory.mktemp("cp-models") / "tiny", size="tiny", train_steps=0,
+                            progress=False)
+
+
+@pytest.fixture(scope="session")
+async def versions(bootstrap, topics, model_dir) -> dict[str, str]:
+    """Registered versions: `served` (workers run it), `drained` (the drain test's), `idle` (no worker)."""
+    from producers.model_registry import register_model
+
+    names = {role: f"cp-{role}-{SESSION}@1" for role in ("served", "drained", "idle")}
+    for name in names.values():
+        await register_model(bootstrap, model_dir, name)
+    return names
+
+
+@pytest.fixture(scope="session")
+async def tenants(bootstrap, database_url, topics) -> dict[str, Tenant]:
+    from producers.tenant_admin import create_tenant
+
+    made = {}
+    for role, limits in TENANTS.items():
+        created = await create_tenant(bootstrap, database_url, f"cp-{role}-{SESSION}", limits)
+        made[role] = Tenant(created.tenant_id, created.api_key)
+    return made
+
+
+async def move_group_to_end(bootstrap: str, group: str, topic: str) -> None:
+    """A new controller group starts where the log ends now, not at other sessions' history."""
+    from consumers.kafka.follower import partitions_of
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = await partitions_of(consumer, topic)
+        ends = await consumer.end_offsets(tps)
+        await consumer.commit({tp: ends[tp] for tp in tps})
+    finally:
+        await consumer.stop()
+
+
+class Process:
+    """A `ledgerlm` role as a real process, its output in a log file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.args, self.env, self.log = args, env, log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Process":
+        self.proc = subprocess.Popen([sys.executable, "-m", "ledgerlm.cli.main", *self.args], env=self.env,
+                                     stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
+        return self
+
+    async def wait_for_log(self, fragment: str, timeout_s: float, after: int = 0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            text = self.log.read_text(errors="replace")
+            if fragment in text[after:]:
+                return
+            assert self.proc.poll() is None, f"{self.args[0]} exited {self.proc.returncode}:\n{text[-3000:]}"
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"{self.args[0]}: no {fragment!r} in {timeout_s}s:\n{self.log.read_text()[-3000:]}")
+
+    def log_size(self) -> int:
+        return self.log.stat().st_size if self.log.exists() else 0
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+async def controller(bootstrap, cp_env, cp_settings, tenants, versions, tmp_path_factory):
+    await move_group_to_end(bootstrap, cp_settings.controller_group, "llm.commands")
+    proc = Process(["controller"], cp_env, tmp_path_factory.mktemp("cp-logs") / "controller.log").start()
+    await proc.wait_for_log("controller owns partitions", 60)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+async def engine_artifacts(model_dir):
+    from engine.artifacts import load_artifacts
+
+    return await asyncio.to_thread(load_artifacts, model_dir)
+
+
+@pytest.fixture(scope="session")
+async def start_worker(bootstrap, cp_settings, versions, engine_artifacts, model_dir):
+    """start_worker(version_role="served", blocks=256) -> a running in-process Worker (stopped at session end)."""
+    from consumers.worker.runtime import Worker
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+    from producers.model_registry import registered_versions
+
+    registered = await registered_versions(bootstrap)
+    running: list[tuple] = []
+
+    async def start(version_role: str = "served", blocks: int = 256, worker_id: str | None = None):
+        model = registered[versions[version_role]]
+        config = EngineConfig(kv_cache_bytes=blocks * BLOCK * 512, block_size=BLOCK, reservation="full",
+                              dtype="float32", device="cpu", tenant_weights={}, expected_checksums=model.checksums)
+        engine = Engine(model_dir, config, artifacts=engine_artifacts)
+        worker = Worker(cp_settings, bootstrap, model, engine, worker_id or f"cp-worker-{uuid.uuid4().hex[:6]}")
+        task = asyncio.create_task(worker.run())
+        await asyncio.wait_for(worker.ready.wait(), 30)
+        running.append((worker, task))
+        return worker
+
+    yield start
+    for worker, task in running:
+        if not task.done():
+            task.cancel()
+    for _, task in running:
+        try:
+            await task
+        except (asyncio.CancelledError, Exception):
+            pass
+
+
+@pytest.fixture(scope="session")
+async def worker(start_worker, controller):
+    worker = await start_worker("served")
+    await asyncio.sleep(0.6)  # a heartbeat or two reaches the controller's registry
+    return worker
+
+
+@pytest.fixture(scope="session")
+async def gateway(bootstrap, database_url, cp_settings, versions, controller):
+    from producers.gateway.app import create_app
+
+    app = create_app(cp_settings, bootstrap, database_url)
+    await app.state.gateway.start()
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway", timeout=60)
+    client.gateway = app.state.gateway
+    yield client
+    await client.aclose()
+    await app.state.gateway.stop()
+
+
+def body(request_id: str | None = None, model: str = "", **fields) -> dict:
+    return {"requestId": request_id or f"req-{uuid.uuid4().hex[:10]}", "model": model,
+            "input": "the water is", "maxOutputTokens": 8, **fields}
+
+
+def parse_sse(text: str) -> list[tuple[str, dict]]:
+    import json
+
+    events = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        events.append((lines["event"], json.loads(lines["data"])))
+    return events
+
+
+async def wait_until(predicate, timeout_s: float, step_s: float = 0.02, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await asyncio.sleep(step_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+async def read_topic(bootstrap: str, topic: str, since_ms: int, match) -> list:
+    """Decoded events on `topic` written since `since_ms` (epoch ms) for which match(event) holds."""
+    from schemas.codec import DecodeError, decode
+    from consumers.kafka.follower import partitions_of
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                isolation_level="read_committed")
+    await consumer.start()
+    found = []
+    try:
+        tps = await partitions_of(consumer, topic)
+        consumer.assign(tps)
+        starts = await consumer.offsets_for_times({tp: since_ms for tp in tps})
+        ends = await consumer.end_offsets(tps)
+        for tp in tps:
+            if starts[tp] is None:
+                await consumer.seek_to_end(tp)
+            else:
+                consumer.seek(tp, starts[tp].offset)
+        pending = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
+        while pending:
+            for records in (await consumer.getmany(*pending, timeout_ms=500)).values():
+                for record in records:
+                    try:
+                        event = decode(topic, record.value)
+                    except DecodeError:
+                        continue
+                    if match(event):
+                        found.append(event)
+            pending = {tp for tp in pending if await consumer.position(tp) < ends[tp]}
+    finally:
+        await consumer.stop()
+    return found
