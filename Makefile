@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed-stamp
 .PHONY: run test venv system-deps services down status clean
 
 run: services
-	$(BIN)/ledgerlm infra status
+	$(BIN)/ledgerlm up
 
 test: services
 	$(BIN)/python -m pytest -q

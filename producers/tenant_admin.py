@@ -11,6 +11,7 @@ from consumers.kafka.dead_letters import DeadLetterRouter
 from producers.api_keys import issue_api_key
 from projections import tenants as tenant_projection
 from projections.catch_up import catch_up
+from projections.offsets import StaleOffset
 from schemas.registry_events import TenantRegistered
 from schemas.topics import TENANTS
 from schemas.values import TenantLimits
@@ -59,8 +60,15 @@ async def project_tenants(bootstrap: str, conn: psycopg.Connection) -> int:
     await consumer.start()
     await producer.start()
     try:
-        return await catch_up(consumer, conn, DeadLetterRouter(producer), tenant_projection.NAME, TENANTS,
-                              tenant_projection.apply)
+        for attempt in range(5):
+            try:
+                return await catch_up(consumer, conn, DeadLetterRouter(producer), tenant_projection.NAME, TENANTS,
+                                      tenant_projection.apply)
+            except StaleOffset:
+                # A running projector (`ledgerlm project`) applied the same records first: its rows are
+                # ours too, so reload the offsets and catch up from there.
+                if attempt == 4:
+                    raise
     finally:
         await consumer.stop()
         await producer.stop()

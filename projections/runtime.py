@@ -43,6 +43,7 @@ Divert = Callable[[ConsumerRecord], Awaitable[Envelope | None]]
 class ProjectorStats:
     applied: dict[str, int] = field(default_factory=dict)
     dead_lettered: dict[str, int] = field(default_factory=dict)
+    refused: dict[str, int] = field(default_factory=dict)
     stale_refusals: int = 0
     lag: dict[str, int] = field(default_factory=dict)
 
@@ -66,7 +67,8 @@ class Projector:
                  group_id: str = "ledgerlm-projector", max_records: int = 5000,
                  crash_after_batches: int | None = None,
                  on_commit: Callable[[str, list[Envelope]], None] | None = None,
-                 metrics_path: Path | None = None) -> None:
+                 metrics_path: Path | None = None,
+                 reject: Callable[[TopicPartition, int, Envelope, str], Awaitable[None]] | None = None) -> None:
         self.bootstrap = bootstrap
         self.by_topic = {p.topic: p for p in projections}
         self.divert = divert
@@ -79,6 +81,7 @@ class Projector:
         self.on_commit = on_commit  # observes committed batches (benchmarks measure lag with it)
         self.assignment: set[TopicPartition] = set()  # group mode: partitions this member owns now
         self.metrics_path = metrics_path
+        self.reject = reject  # where events the database refused are reported (the CLI: llm.dlq)
         self._batches = 0
 
     def close(self) -> None:
@@ -106,35 +109,42 @@ class Projector:
                              records: list[ConsumerRecord]) -> None:
         projection = self.by_topic[tp.topic]
         events = []
+        offsets: dict[int, int] = {}
         for record in records:
             event = await self.divert(record)
             if event is None:
                 self.stats.dead_lettered[projection.name] = self.stats.dead_lettered.get(projection.name, 0) + 1
             else:
                 events.append(event)
+                offsets[id(event)] = record.offset
         try:
-            await asyncio.to_thread(self._commit_batch, projection, tp, events, records[-1].offset + 1)
+            refused = await asyncio.to_thread(self._commit_batch, projection, tp, events, records[-1].offset + 1)
         except StaleOffset:
             self.stats.stale_refusals += 1
             log.warning("stale offset refused projection=%s topic=%s partition=%d; re-seeking",
                         projection.name, tp.topic, tp.partition)
             await self._seek_stored(consumer, [tp])
             return
-        self.stats.applied[projection.name] = self.stats.applied.get(projection.name, 0) + len(events)
+        self.stats.applied[projection.name] = self.stats.applied.get(projection.name, 0) + len(events) - len(refused)
+        for event, reason in refused:
+            self.stats.refused[projection.name] = self.stats.refused.get(projection.name, 0) + 1
+            if self.reject is not None:
+                await self.reject(tp, offsets[id(event)], event, reason)
         if self.on_commit is not None:
             self.on_commit(projection.name, events)
 
     def _commit_batch(self, projection: Projection, tp: TopicPartition, events: list[Envelope],
-                      next_offset: int) -> None:
+                      next_offset: int) -> list[tuple[Envelope, str]]:
+        """Apply and advance in one transaction; returns events the database refused, with the reason."""
         for attempt in range(5):
             try:
                 with self.conn.transaction():
-                    projection.apply(self.conn, events)
+                    refused = self._apply(projection, events)
                     self._maybe_crash()
                     advance(self.conn, projection.name, tp.topic, tp.partition, self.stored.get(tp), next_offset)
                 self.conn.commit()
                 self.stored[tp] = next_offset
-                return
+                return refused
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
                 self.conn.rollback()
                 log.warning("retrying batch projection=%s after lock conflict attempt=%d", projection.name, attempt)
@@ -143,6 +153,30 @@ class Projector:
                 self.conn.rollback()
                 raise
         raise RuntimeError(f"{projection.name}: batch kept conflicting; giving up")
+
+    def _apply(self, projection: Projection, events: list[Envelope]) -> list[tuple[Envelope, str]]:
+        """The whole batch at once; if the database refuses it, event by event, each in a savepoint.
+
+        An event that breaks a constraint (a log the projection cannot accept) is skipped and
+        reported, instead of wedging the projection; a replay skips the same event.
+        """
+        try:
+            with self.conn.transaction():
+                projection.apply(self.conn, events)
+            return []
+        except (psycopg.errors.IntegrityError, psycopg.errors.DataError):
+            pass
+        refused = []
+        for event in events:
+            try:
+                with self.conn.transaction():
+                    projection.apply(self.conn, [event])
+            except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+                log.error("projection refused event projection=%s type=%s event_id=%s error=%s",
+                          projection.name, event.type, event.event_id, type(exc).__name__)
+                refused.append((event, reason))
+        return refused
 
     def _maybe_crash(self) -> None:
         """Fault injection: die after the rows are written and before the commit."""

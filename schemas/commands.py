@@ -10,7 +10,15 @@ from schemas.envelope import TenantScoped
 from schemas.values import SamplingParams, Tier
 
 
-class SubmitGeneration(TenantScoped):
+class Command(TenantScoped):
+    """A record for the controller. `plane` names the control plane (controller group) it is for:
+    two planes sharing a broker (a test session beside `ledgerlm up`) never act on each other's commands.
+    None: any plane."""
+
+    plane: str | None = None
+
+
+class SubmitGeneration(Command):
     """A tenant asks for a generation; the gateway awaits the decision on `llm.replies`."""
 
     type: Literal["SubmitGeneration"] = "SubmitGeneration"
@@ -25,14 +33,14 @@ class SubmitGeneration(TenantScoped):
     payload_hash: str = Field(min_length=64, max_length=64)
 
 
-class CancelGeneration(TenantScoped):
+class CancelGeneration(Command):
     type: Literal["CancelGeneration"] = "CancelGeneration"
     generation_id: str = Field(min_length=1)
     gateway_id: str = Field(min_length=1)
     correlation_id: str = Field(min_length=1)
 
 
-class ReleaseReservation(TenantScoped):
+class ReleaseReservation(Command):
     """Return the unused part of a generation's reserved tokens to the tenant budget."""
 
     type: Literal["ReleaseReservation"] = "ReleaseReservation"
@@ -42,7 +50,7 @@ class ReleaseReservation(TenantScoped):
     end_reason: str | None = None
 
 
-class AttemptRefused(TenantScoped):
+class AttemptRefused(Command):
     """A worker could not reserve KV for an attempt; the controller reroutes or rejects.
 
     Sent by the worker on `llm.commands` (key: tenant) so the controller that owns

@@ -25,6 +25,7 @@ class WorkerHeartbeat(Envelope):
     alive: bool = True
     # Commands that named a stale epoch or an unknown attempt, ignored since start.
     stale_commands: int = Field(default=0, ge=0)
+    plane: str | None = None  # the control plane (controller group) this worker serves; None: any
 
 
 class ModelVersionRegistered(Envelope):

@@ -39,7 +39,7 @@ def make_event(type_name: str, tenant_id: str | None = None, generation_id: str 
         "SubmitGeneration": lambda: SubmitGeneration(
             tenant_id=tenant, request_id=uid("req"), gateway_id="gw-1", correlation_id=uid("corr"),
             model_version="demo-tiny@1", input_token_ids=(1, 5, 9, 300), max_output_tokens=64,
-            sampling=sampling, tier="batch", payload_hash=HASH),
+            sampling=sampling, tier="batch", payload_hash=HASH, plane="ledgerlm-controller"),
         "CancelGeneration": lambda: CancelGeneration(tenant_id=tenant, generation_id=gen, gateway_id="gw-1",
                                                      correlation_id=uid("corr")),
         "ReleaseReservation": lambda: ReleaseReservation(tenant_id=tenant, generation_id=gen, epoch=1,
@@ -53,7 +53,7 @@ def make_event(type_name: str, tenant_id: str | None = None, generation_id: str 
         "AdmissionDecision": lambda: AdmissionDecision(
             tenant_id=tenant, gateway_id="gw-1", correlation_id=uid("corr"), request_id=uid("req"),
             outcome="rejected", http_status=429, error_code="tenant_budget", reason="tokens in flight",
-            retry_after_ms=1500),
+            retry_after_ms=1500, status="active", decided_by="ledgerlm-controller"),
         "StartAttempt": lambda: StartAttempt(
             **scoped, epoch=1, worker_id="worker-a", model_version="demo-tiny@1", input_token_ids=(1, 2, 3),
             max_output_tokens=16, sampling=sampling, weight=2.0,
@@ -76,7 +76,7 @@ def make_event(type_name: str, tenant_id: str | None = None, generation_id: str 
                                                  usage=make_usage(), usage_label="interrupted"),
         "WorkerHeartbeat": lambda: WorkerHeartbeat(worker_id=uid("worker"), model_versions=("demo-tiny@1",),
                                                    total_blocks=512, free_blocks=300, block_size=16, running=3,
-                                                   queued_tokens=900),
+                                                   queued_tokens=900, plane="ledgerlm-controller"),
         "ModelVersionRegistered": lambda: ModelVersionRegistered(
             model_version=uid("model"), name="demo-tiny", checksums={"model.safetensors": HASH},
             max_context_tokens=2048, kv_bytes_per_token=4096, registered_at=datetime(2026, 1, 1, tzinfo=UTC)),

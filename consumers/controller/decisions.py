@@ -76,11 +76,11 @@ class Decider:
     def deadline(self, tier: str, now: datetime) -> datetime:
         return now + timedelta(seconds=max(self.allowance_s(tier), 10.0))
 
-    @staticmethod
-    def reply(cmd: SubmitGeneration | CancelGeneration, outcome: str, status_code: int, **fields) -> AdmissionDecision:
+    def reply(self, cmd: SubmitGeneration | CancelGeneration, outcome: str, status_code: int,
+              **fields) -> AdmissionDecision:
         return AdmissionDecision(tenant_id=cmd.tenant_id, gateway_id=cmd.gateway_id,
                                  correlation_id=cmd.correlation_id, outcome=outcome, http_status=status_code,
-                                 **fields)
+                                 decided_by=self.settings.controller_group, **fields)
 
     def _end(self, state: PartitionState, gen: IdentityRecorded, reason: str, now: datetime,
              used_tokens: int | None = None) -> Effects:
@@ -98,6 +98,13 @@ class Decider:
     def submit(self, state: PartitionState, cmd: SubmitGeneration, now: datetime) -> Effects:
         tenant = state.tenant(cmd.tenant_id)
         existing = tenant.generations.get(cmd.request_id)
+        waited_ms = (now - cmd.occurred_at).total_seconds() * 1000
+        if existing is None and waited_ms > self.settings.admission_timeout_ms:
+            # Its gateway has answered 503 and moved on; admitting it now would run work nobody awaits.
+            return Effects(replies=[self.reply(cmd, "rejected", 503, request_id=cmd.request_id,
+                                               error_code="command_expired",
+                                               reason=f"decided {waited_ms:.0f} ms after submission",
+                                               retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))])
         if existing is not None:
             if existing.payload_hash == cmd.payload_hash:
                 return Effects(replies=[self.reply(cmd, "existing", 200, request_id=cmd.request_id,

@@ -66,11 +66,13 @@ class Controller:
         self.lock = asyncio.Lock()
         self.ready = asyncio.Event()
         self.decisions = 0
+        self.stats = {"batches": 0, "records": 0, "txn_ms_total": 0.0, "txn_ms_max": 0.0}
 
     # -- registries --------------------------------------------------------------------
     def on_registry(self, topic: str, event: Envelope) -> None:
         if isinstance(event, WorkerHeartbeat):
-            self.registry.observe(event)
+            if event.plane in (None, self.group):
+                self.registry.observe(event)
         elif isinstance(event, TenantRegistered):
             self.tenants[event.tenant_id] = event.limits
         elif isinstance(event, ModelVersionRegistered):
@@ -126,6 +128,8 @@ class Controller:
 
     # -- processing ------------------------------------------------------------------------
     def decide(self, state: PartitionState, event: Envelope, now: datetime) -> Effects:
+        if getattr(event, "plane", None) not in (None, self.group):
+            return Effects()  # another control plane's command: consumed, not ours to decide
         if isinstance(event, SubmitGeneration):
             return self.decider.submit(state, event, now)
         if isinstance(event, CancelGeneration):
@@ -156,10 +160,25 @@ class Controller:
                         payload_b64=base64.b64encode(record.value or b"").decode()))
                     continue
                 effects.extend(self.decide(state, event, now))
+            started = time.perf_counter()
             async with producer.transaction():
                 await self.write(producer, tp.partition, effects, letters)
                 await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, self.group)
+            txn_ms = (time.perf_counter() - started) * 1000
             self.decisions += len(effects.replies)
+            self.stats["batches"] += 1
+            self.stats["records"] += len(records)
+            self.stats["txn_ms_total"] += txn_ms
+            self.stats["txn_ms_max"] = max(self.stats["txn_ms_max"], txn_ms)
+
+    def log_stats(self) -> None:
+        stats = self.stats
+        if stats["batches"]:
+            log.info("controller batches=%d records=%d decisions=%d txn_ms_mean=%.1f txn_ms_max=%.1f",
+                     stats["batches"], stats["records"], self.decisions, stats["txn_ms_total"] / stats["batches"],
+                     stats["txn_ms_max"])
+        self.stats = {"batches": 0, "records": 0, "txn_ms_total": 0.0, "txn_ms_max": 0.0}
+        self.decisions = 0
 
     async def write(self, producer: AIOKafkaProducer, partition: int, effects: Effects,
                     letters: list[DeadLetter] = ()) -> None:
@@ -214,6 +233,7 @@ class Controller:
             await consumer.start()
             interval = self.settings.lease_check_interval_ms / 1000
             next_check = time.monotonic() + interval
+            next_stats = time.monotonic() + 10
             while True:
                 if follow_task.done():
                     follow_task.result()  # surface the follower's failure
@@ -225,6 +245,9 @@ class Controller:
                 if time.monotonic() >= next_check:
                     await self.check_leases()
                     next_check = time.monotonic() + interval
+                if time.monotonic() >= next_stats:
+                    self.log_stats()
+                    next_stats = time.monotonic() + 10
         finally:
             follow_task.cancel()
             await consumer.stop()

@@ -44,3 +44,12 @@ class DeadLetterRouter:
                         record.topic, record.partition, record.offset, type(exc).__name__,
                         len(record.value or b""))
             return None
+
+
+    async def refused_by_projection(self, source_topic: str, partition: int, offset: int, event: Envelope,
+                                    reason: str) -> None:
+        """A well-formed event a projection could not accept (a constraint of the read model)."""
+        letter = DeadLetter(source_topic=source_topic, partition=partition, offset=offset, key_b64=None,
+                            error_class="ProjectionRefused", reason=reason,
+                            payload_b64=base64.b64encode(event.model_dump_json().encode()).decode())
+        await publish(self.producer, DLQ, letter)

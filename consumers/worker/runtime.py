@@ -61,6 +61,8 @@ class Worker:
         self.ready = asyncio.Event()
         self.stopped = asyncio.Event()
         self._thread: EngineThread | None = None
+        self._finishing: set[asyncio.Task] = set()
+        self._failure: BaseException | None = None
 
     # -- capacity ------------------------------------------------------------------------
     @property
@@ -77,7 +79,7 @@ class Worker:
                                total_blocks=self.total_blocks, free_blocks=self.free_blocks,
                                block_size=self.block_size, running=len(self.attempts), queued_tokens=queued,
                                draining=self.draining, lease_ms=self.settings.lease_ms, alive=alive,
-                               stale_commands=self.stale_commands)
+                               stale_commands=self.stale_commands, plane=self.settings.controller_group)
 
     # -- publishing ------------------------------------------------------------------------
     async def send(self, topic: str, event) -> asyncio.Future:
@@ -96,7 +98,7 @@ class Worker:
                      order.generation_id, order.epoch, reason, need, self.free_blocks)
             await (await self.send(COMMANDS, AttemptRefused(
                 tenant_id=order.tenant_id, generation_id=order.generation_id, epoch=order.epoch,
-                worker_id=self.worker_id, reason=reason, attempt=order)))
+                worker_id=self.worker_id, reason=reason, attempt=order, plane=self.settings.controller_group)))
             return
         attempt = Attempt(order, need)
         self.attempts[request_id] = attempt
@@ -144,7 +146,8 @@ class Worker:
         if attempt is not None:
             asyncio.get_running_loop().create_task(self.send(COMMANDS, AttemptRefused(
                 tenant_id=attempt.start.tenant_id, generation_id=attempt.start.generation_id,
-                epoch=attempt.start.epoch, worker_id=self.worker_id, reason=reason, attempt=attempt.start)))
+                epoch=attempt.start.epoch, worker_id=self.worker_id, reason=reason, attempt=attempt.start,
+                plane=self.settings.controller_group)))
 
     # -- engine outputs ------------------------------------------------------------------------
     async def on_output(self, output: RequestOutput) -> None:
@@ -162,7 +165,11 @@ class Worker:
                                                   token_count=output.num_output_tokens))
         now = time.monotonic()
         if output.finished:
-            await self.finish(attempt, output)
+            # The end waits for acknowledgements; other attempts' tokens must not wait behind it.
+            attempt.finishing = True
+            task = asyncio.create_task(self.finish(attempt, output))
+            self._finishing.add(task)
+            task.add_done_callback(self._finished)
         elif attempt.report_due(self.settings.usage_report_tokens, self.settings.usage_report_ms, now):
             await self.send(GENERATIONS, UsageReported(**attempt.scoped, report_seq=attempt.next_report(now),
                                                        usage=attempt.usage))
@@ -185,13 +192,21 @@ class Worker:
         self.attempts.pop(attempt.request_id, None)
         await (await self.send(COMMANDS, ReleaseReservation(
             tenant_id=attempt.start.tenant_id, generation_id=attempt.start.generation_id, epoch=attempt.start.epoch,
-            used_tokens=attempt.used_tokens, end_reason=end_reason)))
+            used_tokens=attempt.used_tokens, end_reason=end_reason, plane=self.settings.controller_group)))
         log.info("attempt ended generation=%s epoch=%d reason=%s output_tokens=%d", attempt.start.generation_id,
                  attempt.start.epoch, end_reason, usage.generated_output_tokens)
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._finishing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("attempt end failed error=%s", type(task.exception()).__name__)
+            self._failure = task.exception()
 
     # -- loops ------------------------------------------------------------------------------------
     async def _pump(self) -> None:
         while True:
+            if self._failure is not None:
+                raise self._failure
             for output in await self.outputs.get():
                 await self.on_output(output)
 
@@ -214,18 +229,20 @@ class Worker:
                 self._thread.abort(attempt.request_id)
         log.error("self-fenced worker=%s attempts=%d", self.worker_id, len(self.attempts))
 
+    async def send_heartbeat(self) -> None:
+        await (await self.send(WORKERS, self.heartbeat()))
+
     async def _heartbeats(self) -> None:
         interval = self.settings.heartbeat_interval_ms / 1000
         while True:
             try:
-                await asyncio.wait_for(self.producer.send_and_wait(
-                    WORKERS, value=encode(self.heartbeat()), key=self.worker_id.encode()), timeout=interval * 2)
+                await asyncio.wait_for(self.send_heartbeat(), timeout=interval * 2)
                 self.last_heartbeat_ok = time.monotonic()
             except Exception as exc:  # the broker may be away; the lease decides what that means
                 log.warning("heartbeat failed worker=%s error=%s", self.worker_id, type(exc).__name__)
             if time.monotonic() - self.last_heartbeat_ok > self.settings.lease_ms / 1000:
                 self.fence_all()
-            if self.draining and not self.attempts:
+            if self.draining and not self.attempts and not self._finishing:
                 return
             await asyncio.sleep(interval)
 
@@ -257,6 +274,8 @@ class Worker:
             for task in tasks:
                 task.cancel()
             heartbeats.cancel()
+            if self._finishing:  # ends already computed are still written
+                await asyncio.wait(self._finishing, timeout=5)
             try:
                 await self.producer.send_and_wait(WORKERS, value=encode(self.heartbeat(alive=False)),
                                                   key=self.worker_id.encode())

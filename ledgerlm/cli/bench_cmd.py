@@ -23,6 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from ledgerlm.cli.bench_projector_cmd import register_projector
     register_projector(bench)
 
+    from ledgerlm.cli.bench_admission_cmd import register_admission  # control plane (issue 4)
+    register_admission(bench)
+
 
 def run_engine_bench(args: argparse.Namespace) -> int:
     from bench.engine_bench import run_bench

@@ -44,8 +44,13 @@ def run_project(args: argparse.Namespace) -> int:
     async def main() -> dict:
         producer = make_producer(bootstrap)
         await producer.start()
-        projector = Projector(bootstrap, database_url(settings), projections,
-                              divert=DeadLetterRouter(producer).decode_or_divert, group_id=settings.projector_group,
+        router = DeadLetterRouter(producer)
+
+        async def reject(tp, offset, event, reason):
+            await router.refused_by_projection(tp.topic, tp.partition, offset, event, reason)
+
+        projector = Projector(bootstrap, database_url(settings), projections, reject=reject,
+                              divert=router.decode_or_divert, group_id=settings.projector_group,
                               crash_after_batches=settings.projector_crash_after_batches,
                               metrics_path=settings.home / "metrics" / "projector.prom")
         try:
@@ -57,7 +62,7 @@ def run_project(args: argparse.Namespace) -> int:
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.add_signal_handler(sig, stop.set)
                 stats = await projector.run(stop)
-            return {"applied": stats.applied, "deadLettered": stats.dead_lettered,
+            return {"applied": stats.applied, "deadLettered": stats.dead_lettered, "refused": stats.refused,
                     "staleRefusals": stats.stale_refusals}
         finally:
             projector.close()

@@ -79,9 +79,11 @@ CREATE TABLE generations (
     admitted_at        timestamptz NOT NULL,
     started_at         timestamptz,
     ended_at           timestamptz,
-    updated_at         timestamptz NOT NULL,
-    UNIQUE (tenant_id, request_id)
+    updated_at         timestamptz NOT NULL
 );
+-- Not UNIQUE: the controller owns identity; a read model that refused a second generation for one
+-- request id would wedge on the log instead of showing it.
+CREATE INDEX generations_tenant_request ON generations (tenant_id, request_id);
 CREATE INDEX generations_tenant_status ON generations (tenant_id, status);
 
 CREATE TABLE attempts (

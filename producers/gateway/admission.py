@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 
 
 class AdmissionClient:
-    def __init__(self, bootstrap: str, gateway_id: str | None = None) -> None:
+    def __init__(self, bootstrap: str, controller_group: str, gateway_id: str | None = None) -> None:
         self.bootstrap = bootstrap
+        self.controller_group = controller_group
         self.gateway_id = gateway_id or f"gw-{uuid.uuid4().hex[:12]}"
         self.producer: AIOKafkaProducer | None = None  # made in start(): aiokafka needs the running loop
         self.consumer: AIOKafkaConsumer | None = None
@@ -61,7 +62,7 @@ class AdmissionClient:
                     except DecodeError as exc:
                         log.warning("undecodable reply offset=%d error=%s", record.offset, type(exc).__name__)
                         continue
-                    if reply.gateway_id != self.gateway_id:
+                    if reply.gateway_id != self.gateway_id or reply.decided_by not in (None, self.controller_group):
                         continue
                     future = self.waiting.pop(reply.correlation_id, None)
                     if future is not None and not future.done():

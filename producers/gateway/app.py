@@ -54,7 +54,7 @@ class Gateway:
             if isinstance(event, ModelVersionRegistered):
                 catalog.observe(event)
 
-        return cls(settings, AdmissionClient(bootstrap), StreamBridge(bootstrap), GatewayDatabase(database_url),
+        return cls(settings, AdmissionClient(bootstrap, settings.controller_group), StreamBridge(bootstrap), GatewayDatabase(database_url),
                    catalog, Follower(bootstrap, [MODELS], on_model, client_id="gateway-models"))
 
     async def start(self) -> None:
@@ -149,7 +149,7 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
             tenant_id=principal.tenant_id, request_id=body.request_id, gateway_id=gateway.admission.gateway_id,
             correlation_id=gateway.admission.correlation_id(), model_version=body.model,
             input_token_ids=prompt.token_ids, max_output_tokens=body.max_output_tokens, sampling=prompt.sampling,
-            tier=body.tier, payload_hash=prompt.payload_hash)
+            tier=body.tier, payload_hash=prompt.payload_hash, plane=settings.controller_group)
         decision = await gateway.admission.decide(command, timeout_s)
         if decision is None:
             raise ApiError(503, "controller_unavailable", "no admission decision in time",
@@ -192,7 +192,7 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
         principal = await principal_of(request)
         command = CancelGeneration(tenant_id=principal.tenant_id, generation_id=generation_id,
                                    gateway_id=gateway.admission.gateway_id,
-                                   correlation_id=gateway.admission.correlation_id())
+                                   correlation_id=gateway.admission.correlation_id(), plane=settings.controller_group)
         decision = await gateway.admission.decide(command, timeout_s)
         if decision is None:
             raise ApiError(503, "controller_unavailable", "no cancel decision in time",

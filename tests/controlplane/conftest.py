@@ -22,6 +22,7 @@ import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from consumers.kafka.groups import move_group_to_end
 from ledgerlm.settings import Settings
 from schemas.values import TenantLimits
 
@@ -83,10 +84,10 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 async def versions(bootstrap, topics, model_dir) -> dict[str, str]:
-    """Registered versions: `served` (workers run it), `drained` (the drain test's), `idle` (no worker)."""
+    """Registered versions: `served` (shared workers), `drained`/`killable` (one test's own), `idle` (no worker)."""
     from producers.model_registry import register_model
 
-    names = {role: f"cp-{role}-{SESSION}@1" for role in ("served", "drained", "idle")}
+    names = {role: f"cp-{role}-{SESSION}@1" for role in ("served", "drained", "killable", "idle")}
     for name in names.values():
         await register_model(bootstrap, model_dir, name)
     return names
@@ -101,20 +102,6 @@ async def tenants(bootstrap, database_url, topics) -> dict[str, Tenant]:
         created = await create_tenant(bootstrap, database_url, f"cp-{role}-{SESSION}", limits)
         made[role] = Tenant(created.tenant_id, created.api_key)
     return made
-
-
-async def move_group_to_end(bootstrap: str, group: str, topic: str) -> None:
-    """A new controller group starts where the log ends now, not at other sessions' history."""
-    from consumers.kafka.follower import partitions_of
-
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tps = await partitions_of(consumer, topic)
-        ends = await consumer.end_offsets(tps)
-        await consumer.commit({tp: ends[tp] for tp in tps})
-    finally:
-        await consumer.stop()
 
 
 class Process:

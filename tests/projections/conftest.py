@@ -88,9 +88,39 @@ def emit(producer):
 
 
 @pytest.fixture
-def project(bootstrap, database_url, topics):
+async def projection_db(bootstrap, topics, scratch_database_url):
+    """A database of this test's own whose projections start at the current end of the log.
+
+    Other tests and other processes (a running projector, the benchmarks) write to the same
+    topics; starting at the end keeps their events out of this test's rows and counts.
+    """
+    from consumers.kafka.clients import make_consumer, partitions_of
+    from projections.offsets import advance
+    from projections.registry import all_projections
+
+    consumer = make_consumer(bootstrap)
+    await consumer.start()
+    try:
+        with psycopg.connect(scratch_database_url) as conn:
+            for projection in all_projections(Settings()):
+                ends = await consumer.end_offsets(await partitions_of(consumer, projection.topic))
+                for tp, end in ends.items():
+                    advance(conn, projection.name, tp.topic, tp.partition, None, end)
+    finally:
+        await consumer.stop()
+    return scratch_database_url
+
+
+@pytest.fixture
+def conn(projection_db):
+    with psycopg.connect(projection_db, autocommit=True) as connection:
+        yield connection
+
+
+@pytest.fixture
+def project(bootstrap, projection_db):
     async def run(*projections):
-        projector = Projector(bootstrap, database_url,
+        projector = Projector(bootstrap, projection_db,
                               projections or [LifecycleProjection(), StreamBufferProjection(keep_events=8)])
         try:
             return await projector.catch_up()

@@ -77,3 +77,24 @@ async def test_normal_completion_bills_the_final_watermark(gen, emit, project, c
     sealed_hour = gen.clock.replace(minute=0, second=0, microsecond=0)
     assert all_rows(conn, "SELECT hour, generations, input_tokens, output_tokens FROM tenant_usage_hourly "
                           "WHERE tenant_id = %s", gen.tenant_id) == [(sealed_hour, 1, 64, 77)]
+
+
+async def test_usage_query_sums_only_the_callers_sealed_hours(gen, emit, project, conn):
+    from datetime import timedelta
+
+    from projections.queries import tenant_usage
+    from tests.projections.conftest import Gen
+
+    second = Gen(tenant_id=gen.tenant_id, generation_id=gen.generation_id + "-2")
+    stranger = Gen(tenant_id=gen.tenant_id + "-other", generation_id=gen.generation_id + "-x")
+    running = Gen(tenant_id=gen.tenant_id, generation_id=gen.generation_id + "-running")
+    await emit(gen.admitted(), gen.started(), gen.completed(10))
+    await emit(second.admitted(), second.started(), second.report(1, 7), second.interrupted())
+    await emit(stranger.admitted(), stranger.started(), stranger.completed(99))
+    await emit(running.admitted(), running.started(), running.report(1, 50))
+    await project()
+    start = gen.clock - timedelta(hours=1)
+    summary = tenant_usage(conn, gen.tenant_id, start, gen.clock + timedelta(hours=1))
+    assert summary.totals == {"generations": 2, "inputTokens": 80, "cachedInputTokens": 32, "outputTokens": 17}
+    assert tenant_usage(conn, gen.tenant_id, start - timedelta(hours=5), start - timedelta(hours=2)).totals[
+        "generations"] == 0

@@ -74,20 +74,20 @@ async def test_resume_buffer_drops_stale_epochs_and_clears_on_a_new_epoch(gen, e
 
 
 async def test_an_ended_stream_is_trimmed_after_its_retention_in_log_time(gen, emit, bootstrap,
-                                                                         scratch_database_url):
+                                                                         projection_db):
     # Events stamped in the past, never the future: a future log time would trim every stream after it.
     # The scratch database keeps other tests' streams out of this one's assertions.
     gen.clock -= timedelta(hours=2)
     await emit(gen.tokens(1, 1), gen.finished(2, output=1))
     other = type(gen)(tenant_id=gen.tenant_id, generation_id=gen.generation_id + "-later")
     await emit(other.tokens(1, 1))
-    projector = Projector(bootstrap, scratch_database_url,
+    projector = Projector(bootstrap, projection_db,
                           [StreamBufferProjection(keep_events=100, keep_after_end=timedelta(hours=1))])
     try:
         await projector.catch_up()
     finally:
         projector.close()
-    conn = psycopg.connect(scratch_database_url, autocommit=True)
+    conn = psycopg.connect(projection_db, autocommit=True)
     assert one(conn, "SELECT count(*) FROM stream_events WHERE generation_id = %s", gen.generation_id) == (0,)
     assert one(conn, "SELECT oldest_seq, last_seq FROM stream_progress WHERE generation_id = %s",
                gen.generation_id) == (3, 2)

@@ -1,0 +1,201 @@
+"""`ledgerlm bench admission`: admission latency at a fixed rate, and platform vs engine-alone throughput.
+
+    phase 1  POST /v1/generations (non-streaming) at `rate` req/s for `seconds`:
+             HTTP latency from send to decision (p50/p95/p99), status counts
+    phase 2  the same `num_requests` generations (fixed token ids, greedy, ignore nothing)
+             a) through gateway -> Kafka -> controller -> worker -> Kafka -> bridge, all submitted at once
+             b) on an Engine alone in this process with the worker's engine config
+             output tokens/s of each and their ratio
+
+The controller and the worker run as real processes in a control plane of
+their own (a fresh controller group), the gateway runs in this process on
+uvicorn with real HTTP, against the real broker and database.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from ledgerlm.settings import REPO_ROOT, Settings
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ledgerlm.cli.main", *args], env=env, cwd=REPO_ROOT,
+                            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+async def wait_for_log(log: Path, fragment: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if fragment in log.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            break
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"{log.stem}: no {fragment!r}: {log.read_text(errors='replace')[-2000:]}")
+
+
+def workload(num_requests: int) -> list[str]:
+    """Deterministic prompts of 8..64 corpus-like words."""
+    import random
+
+    from engine.demo_model import _WORDS
+
+    rng = random.Random(0)
+    return [" ".join(rng.choice(_WORDS) for _ in range(rng.randrange(8, 65))) for _ in range(num_requests)]
+
+
+def engine_alone(model_dir: Path, settings: Settings, prompts: list[tuple[int, ...]], output_tokens: int) -> dict:
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+    from engine.request import EngineRequest, SamplingParams
+
+    config = EngineConfig(kv_cache_bytes=settings.worker_kv_cache_bytes, reservation="full",
+                          max_num_seqs=settings.worker_max_num_seqs, device=settings.worker_device)
+    engine = Engine(model_dir, config)
+    started = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        engine.add_request(EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=output_tokens),
+                                         tenant_id="bench", scope_key="bench"))
+    produced = 0
+    while engine.has_unfinished():
+        produced += sum(len(o.new_token_ids) for o in engine.step())
+    elapsed = time.perf_counter() - started
+    return {"output_tokens": produced, "seconds": round(elapsed, 3), "tokens_per_s": round(produced / elapsed, 1)}
+
+
+async def run_admission_bench(model_dir: Path, rate: float, seconds: float, num_requests: int,
+                              output_tokens: int, workdir: Path) -> dict:
+    import httpx
+    import uvicorn
+
+    from consumers.kafka.groups import move_group_to_end
+    from ledgerlm.cli.endpoints import database_url, kafka_bootstrap
+    from producers.gateway.app import create_app
+    from producers.model_registry import describe, register_model
+    from producers.tenant_admin import create_tenant
+    from schemas.values import TenantLimits
+
+    plane = f"bench-{uuid.uuid4().hex[:8]}"
+    base = Settings()
+    settings = Settings(controller_group=plane, admission_timeout_ms=30000)
+    bootstrap, db_url = kafka_bootstrap(base), database_url(base)
+    version = f"bench-{describe(model_dir, 'probe').content_sha256[:8]}@1"
+    await register_model(bootstrap, model_dir, version)
+    tenant = await create_tenant(bootstrap, db_url, f"bench-{uuid.uuid4().hex[:8]}",
+                                 TenantLimits(max_tokens_in_flight=10_000_000, tokens_per_minute=100_000_000,
+                                              max_concurrency=10_000))
+    await move_group_to_end(bootstrap, plane, "llm.commands")
+    env = {**os.environ, "LEDGERLM_KAFKA_BOOTSTRAP": bootstrap, "LEDGERLM_DATABASE_URL": db_url,
+           "LEDGERLM_CONTROLLER_GROUP": plane}
+    workdir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    try:
+        controller_log, worker_log = workdir / "controller.log", workdir / "worker.log"
+        procs.append(controller := spawn(["controller"], env, controller_log))
+        procs.append(worker := spawn(["worker", "--model-version", version, "--worker-id", f"{plane}-w1"], env,
+                                     worker_log))
+        await wait_for_log(controller_log, "controller owns partitions", controller, 120)
+        await wait_for_log(worker_log, "worker ready", worker, 120)
+        app = create_app(settings, bootstrap, db_url)
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+        serving = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.05)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        headers = {"Authorization": f"Bearer {tenant.api_key}"}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60) as client:
+            await warm_up(client, version)
+            latency = await admission_phase(client, version, rate, seconds)
+            tokenizer = app.state.gateway.catalog.tokenizer(app.state.gateway.catalog.version(version))
+            texts = workload(num_requests)
+            # The gateway's effective token ids for `input`: the engine-alone run gets exactly these.
+            prompts = [tuple(tokenizer(text)["input_ids"]) for text in texts]
+            platform = await throughput_phase(client, app, version, texts, output_tokens)
+        server.should_exit = True
+        await serving
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    alone = await asyncio.to_thread(engine_alone, model_dir, settings, prompts, output_tokens)
+    return {"model_dir": str(model_dir), "model_version": version, "plane": plane, "admission": latency,
+            "throughput": {"requests": num_requests, "output_tokens_per_request": output_tokens,
+                           "platform": platform, "engine_alone": alone,
+                           "ratio": round(platform["tokens_per_s"] / alone["tokens_per_s"], 3)},
+            "targets": {"admission_p95_ms": 50, "throughput_ratio": 0.8}}
+
+
+async def warm_up(client, version: str) -> None:
+    """First requests load the tokenizer and open connections; they are not measured."""
+    for _ in range(40):
+        response = await client.post("/v1/generations?wait=true", json={
+            "requestId": uuid.uuid4().hex, "model": version, "input": "warm up", "maxOutputTokens": 2})
+        if response.status_code in (200, 201):
+            return
+        await asyncio.sleep(0.5)  # 503 until the worker's heartbeat reached the controller
+    raise RuntimeError(f"warm-up never admitted: {response.status_code} {response.text}")
+
+
+async def admission_phase(client, version: str, rate: float, seconds: float) -> dict:
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+
+    async def one() -> None:
+        started = time.perf_counter()
+        response = await client.post("/v1/generations", json={
+            "requestId": uuid.uuid4().hex, "model": version, "input": "the water is", "maxOutputTokens": 4})
+        latencies.append((time.perf_counter() - started) * 1000)
+        statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+
+    tasks = []
+    total = int(rate * seconds)
+    started = time.perf_counter()
+    for i in range(total):
+        delay = started + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one()))
+    await asyncio.gather(*tasks)
+    offered = total / (time.perf_counter() - started)
+    return {"requests": total, "rate_target": rate, "rate_offered": round(offered, 1),
+            "statuses": {str(k): v for k, v in sorted(statuses.items())},
+            "latency_ms": {"p50": round(percentile(latencies, 0.5), 1), "p95": round(percentile(latencies, 0.95), 1),
+                           "p99": round(percentile(latencies, 0.99), 1), "max": round(max(latencies), 1),
+                           "mean": round(statistics.fmean(latencies), 1)}}
+
+
+async def throughput_phase(client, app, version: str, texts: list[str], output_tokens: int) -> dict:
+    """Submit every prompt at once and wait until every generation's final event reached the bridge."""
+    bridge = app.state.gateway.bridge
+    started = time.perf_counter()
+    responses = await asyncio.gather(*[client.post("/v1/generations", json={
+        "requestId": uuid.uuid4().hex, "model": version, "input": text, "maxOutputTokens": output_tokens})
+        for text in texts])
+    ids = [r.json()["id"] for r in responses if r.status_code == 201]
+    if len(ids) != len(texts):
+        raise RuntimeError(f"throughput phase: {len(texts) - len(ids)} requests refused: "
+                           f"{[r.status_code for r in responses if r.status_code != 201][:5]}")
+    while not all((v := bridge.view(i)) is not None and v.final is not None for i in ids):
+        await asyncio.sleep(0.01)
+    elapsed = time.perf_counter() - started
+    produced = sum(bridge.view(i).final.usage.generated_output_tokens for i in ids)
+    return {"output_tokens": produced, "seconds": round(elapsed, 3), "tokens_per_s": round(produced / elapsed, 1)}

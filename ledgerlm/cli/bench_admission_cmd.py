@@ -1,0 +1,38 @@
+"""`ledgerlm bench admission --json PATH`: admission latency and platform-vs-engine throughput."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+
+from ledgerlm.settings import Settings
+
+
+def register_admission(bench: argparse._SubParsersAction) -> None:
+    admission = bench.add_parser("admission", help="POST -> decision latency at a fixed rate; Kafka vs engine tok/s")
+    admission.add_argument("--json", required=True, type=Path, help="where to write the report")
+    admission.add_argument("--model-dir", type=Path, help="model directory (default: the demo model of `up`)")
+    admission.add_argument("--rate", type=float, default=50.0, help="requests per second in the latency phase")
+    admission.add_argument("--seconds", type=float, default=10.0)
+    admission.add_argument("--requests", type=int, default=32, help="generations in the throughput phase")
+    admission.add_argument("--output-tokens", type=int, default=64)
+    admission.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bench.admission_bench import run_admission_bench
+    from engine.demo_model import build_demo_model
+
+    settings = Settings()
+    model_dir = args.model_dir or settings.home / "models" / "demo-tiny"
+    if not (model_dir / "manifest.json").is_file():
+        build_demo_model(model_dir, size="tiny", progress=False)
+    report = asyncio.run(run_admission_bench(model_dir, args.rate, args.seconds, args.requests, args.output_tokens,
+                                             settings.home / "bench" / "admission"))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({"admission_latency_ms": report["admission"]["latency_ms"],
+                      "throughput_ratio": report["throughput"]["ratio"]}))
+    print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,69 @@
+"""`ledgerlm up [--detach] [--json] [--size tiny|small]` and `ledgerlm down [--json]`."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from ledgerlm.cli.errors import CliError
+from ledgerlm.settings import Settings
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    up = subparsers.add_parser("up", help="run the whole platform locally (services, roles, demo model and tenant)")
+    up.add_argument("--detach", action="store_true", help="start in the background and return")
+    up.add_argument("--json", action="store_true", help="print gateway URL, API key, model and pids as JSON")
+    up.add_argument("--size", choices=("tiny", "small"), default="tiny", help="demo model size")
+    up.set_defaults(handler=run_up)
+    down = subparsers.add_parser("down", help="stop what `ledgerlm up` started")
+    down.add_argument("--json", action="store_true")
+    down.set_defaults(handler=run_down)
+
+
+def run_up(args: argparse.Namespace) -> int:
+    from ledgerlm.stack import StackRunner, demo_generation, down
+
+    settings = Settings()
+    quiet = args.json
+    log = (lambda msg: print(msg, file=sys.stderr)) if quiet else print
+    try:
+        stack = StackRunner(settings, args.size, log).up()
+    except RuntimeError as exc:
+        raise CliError(str(exc)) from None
+    write = None if quiet else (lambda text: print(text, end="", flush=True))
+    if not quiet:
+        print(f"gateway {stack.gateway}  model {stack.model}  tenant {stack.tenant_id}")
+        print("demo generation: ", end="", flush=True)
+    try:
+        final = demo_generation(stack, write)
+    except RuntimeError as exc:
+        raise CliError(f"{exc} (logs: {settings.home / 'logs'})") from None
+    if args.json:
+        print(json.dumps(stack.summary()))
+    else:
+        print(f"\n[{final['reason']}: {final['usage']['outputTokens']} output tokens]")
+        print(f"API key: {stack.api_key}")
+        print(f"pids: {stack.pids}")
+    if args.detach:
+        return 0
+    print("serving; Ctrl-C stops everything", file=sys.stderr)
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        down(settings)
+    return 0
+
+
+def run_down(args: argparse.Namespace) -> int:
+    from ledgerlm.stack import down
+
+    stopped = down(Settings())
+    if args.json:
+        print(json.dumps(stopped))
+    else:
+        print("stopped: " + (", ".join(k for k, v in stopped.items() if v) or "nothing was running"))
+    return 0

@@ -1,0 +1,197 @@
+"""The controller's rules in memory: budgets, routing, refusals, releases, leases, changelog rebuild."""
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from consumers.controller.decisions import Decider
+from consumers.controller.registry import WorkerRegistry
+from consumers.controller.state import PartitionState
+from ledgerlm.settings import Settings
+from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
+from schemas.registry_events import WorkerHeartbeat
+from schemas.values import TenantLimits
+from tests.factories import make_event
+
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+VERSION = "demo-tiny@1"
+
+
+def heartbeat(worker_id: str, free_blocks: int = 64, at: datetime = NOW, **fields) -> WorkerHeartbeat:
+    return WorkerHeartbeat(worker_id=worker_id, model_versions=(VERSION,), total_blocks=64, free_blocks=free_blocks,
+                           block_size=16, running=0, queued_tokens=0, lease_ms=2000, occurred_at=at, **fields)
+
+
+def submit(request_id: str = "r1", tokens: int = 4, max_output: int = 60, tenant: str = "acme", **fields):
+    return SubmitGeneration(tenant_id=tenant, request_id=request_id, gateway_id="gw", correlation_id=request_id,
+                            model_version=VERSION, input_token_ids=tuple(range(1, tokens + 1)),
+                            max_output_tokens=max_output, payload_hash=fields.pop("payload_hash", "ab" * 32),
+                            occurred_at=fields.pop("occurred_at", NOW), **fields)
+
+
+@pytest.fixture
+def world():
+    registry = WorkerRegistry()
+    limits = {"acme": TenantLimits(max_tokens_in_flight=200, tokens_per_minute=300, max_concurrency=3)}
+    models = {VERSION: make_event("ModelVersionRegistered")}
+    decider = Decider(Settings(retry_after_ms=1000, max_refusals=2), registry, limits, models, random.Random(7))
+    return decider, registry, PartitionState(0)
+
+
+def test_admission_reserves_input_plus_output_and_dispatches_to_the_roomiest_worker(world):
+    decider, registry, state = world
+    registry.observe(heartbeat("w-small", free_blocks=10))
+    registry.observe(heartbeat("w-big", free_blocks=40))
+    effects = decider.submit(state, submit(), NOW)
+    (reply,), (admitted,), (start,) = effects.replies, effects.generations, effects.dispatch
+    assert (reply.http_status, reply.outcome) == (201, "created")
+    assert (admitted.reserved_tokens, admitted.epoch, start.worker_id, start.epoch) == (64, 1, "w-big", 1)
+    assert start.deadline_at == NOW + timedelta(seconds=10)
+    assert state.tenant("acme").tokens_in_flight == 64 and state.tenant("acme").concurrency == 1
+    # The held reservation (64 tokens = 4 blocks) counts until a later heartbeat reflects it.
+    assert registry.workers["w-big"].room_tokens == 40 * 16 - 64
+
+
+def test_repeat_is_200_and_a_different_payload_is_409_without_new_state(world):
+    decider, registry, state = world
+    registry.observe(heartbeat("w1"))
+    created = decider.submit(state, submit(), NOW).replies[0]
+    repeat = decider.submit(state, submit(), NOW)
+    conflict = decider.submit(state, submit(payload_hash="cd" * 32), NOW)
+    assert (repeat.replies[0].http_status, repeat.replies[0].generation_id) == (200, created.generation_id)
+    assert conflict.replies[0].http_status == 409 and conflict.replies[0].error_code == "request_id_conflict"
+    assert not (repeat.generations or repeat.dispatch or conflict.generations or conflict.changelog)
+    assert state.tenant("acme").concurrency == 1
+
+
+def test_budgets_refuse_with_429_and_a_jittered_retry_after(world):
+    decider, registry, state = world
+    registry.observe(heartbeat("w1"))
+    assert decider.submit(state, submit("a", max_output=96), NOW).replies[0].http_status == 201
+    refused = decider.submit(state, submit("b", max_output=150), NOW).replies[0]
+    assert (refused.http_status, refused.error_code) == (429, "tokens_in_flight")
+    assert 1000 <= refused.retry_after_ms <= 1500
+    assert decider.submit(state, submit("c", max_output=10), NOW).replies[0].http_status == 201
+    assert decider.submit(state, submit("d", max_output=10), NOW).replies[0].http_status == 201
+    busy = decider.submit(state, submit("e", max_output=1), NOW).replies[0]
+    assert (busy.http_status, busy.error_code) == (429, "concurrency")
+    retries = {decider.submit(state, submit(f"x{i}", max_output=1), NOW).replies[0].retry_after_ms for i in range(8)}
+    assert len(retries) > 1 and all(1000 <= r <= 1500 for r in retries)
+
+
+def test_token_rate_window_refuses_until_the_minute_has_passed(world):
+    decider, registry, state = world
+    registry.observe(heartbeat("w1", at=NOW + timedelta(seconds=50)))
+    first = decider.submit(state, submit("a", max_output=146), NOW).replies[0]  # 150 tokens charged at NOW
+    gen = state.find("acme", first.generation_id)
+    decider.release(state, ReleaseReservation(tenant_id="acme", generation_id=gen.generation_id, epoch=1,
+                                              used_tokens=150), NOW)
+    later = NOW + timedelta(seconds=20)
+    decider.submit(state, submit("b", max_output=96, occurred_at=later), later)  # 100 more: 250 in the window
+    refused = decider.submit(state, submit("c", max_output=96, occurred_at=later), later).replies[0]
+    assert (refused.http_status, refused.error_code) == (429, "token_rate")
+    assert 40_000 <= refused.retry_after_ms <= 60_000  # the charge at NOW leaves the window 40 s later
+
+
+def test_no_live_worker_with_the_version_is_503(world):
+    decider, registry, state = world
+    registry.observe(heartbeat("stale", at=NOW - timedelta(seconds=3)))  # lease 2 s: expired
+    registry.observe(heartbeat("draining", draining=True))
+    registry.observe(WorkerHeartbeat(worker_id="other-model", model_versions=("x@1",), total_blocks=64,
+                                     free_blocks=64, block_size=16, running=0, queued_tokens=0, occurred_at=NOW))
+    reply = decider.submit(state, submit(), NOW).replies[0]
+    assert (reply.http_status, reply.error_code) == (503, "no_capacity") and 1000 <= reply.retry_after_ms <= 1500
+    assert not state.tenant("acme").generations
+
+
+def test_refusal_reroutes_with_a_new_epoch_then_rejects_when_nobody_has_room(world):
+    decider, registry, state = world
+    registry.observe(heartbeat("w1"))
+    registry.observe(heartbeat("w2", free_blocks=30))
+    start = decider.submit(state, submit(), NOW).dispatch[0]
+    assert start.worker_id == "w1"
+    moved = decider.refused(state, AttemptRefused(tenant_id="acme", generation_id=start.generation_id, epoch=1,
+                                                  worker_id="w1", reason="kv-full", attempt=start), NOW)
+    (restart,) = moved.dispatch
+    assert (restart.worker_id, restart.epoch, restart.input_token_ids) == ("w2", 2, start.input_token_ids)
+    assert state.find("acme", start.generation_id).epoch == 2
+    stale = decider.refused(state, AttemptRefused(tenant_id="acme", generation_id=start.generation_id, epoch=1,
+                                                  worker_id="w1", reason="kv-full", attempt=start), NOW)
+    assert not stale
+    again = decider.refused(state, AttemptRefused(tenant_id="acme", generation_id=start.generation_id, epoch=2,
+                                                  worker_id="w2", reason="kv-full", attempt=restart), NOW)
+    assert [(d.worker_id, d.epoch) for d in again.dispatch] == [("w1", 3)]  # max_refusals = 2 reroutes
+    ended = decider.refused(state, AttemptRefused(tenant_id="acme", generation_id=start.generation_id, epoch=3,
+                                                  worker_id="w1", reason="kv-full", attempt=again.dispatch[0]), NOW)
+    (rejected,) = ended.generations
+    assert (rejected.type, rejected.epoch, rejected.error_code) == ("Rejected", 3, "no_capacity")
+    assert state.tenant("acme").tokens_in_flight == 0
+
+
+def test_release_frees_the_budget_once_and_ignores_stale_epochs(world):
+    decider, registry, state = world
+    registry.observe(heartbeat("w1"))
+    gen_id = decider.submit(state, submit(), NOW).replies[0].generation_id
+    stale = ReleaseReservation(tenant_id="acme", generation_id=gen_id, epoch=2, used_tokens=10)
+    assert not decider.release(state, stale, NOW)
+    assert state.tenant("acme").tokens_in_flight == 64
+    release = ReleaseReservation(tenant_id="acme", generation_id=gen_id, epoch=1, used_tokens=14,
+                                 end_reason="completed")
+    effects = decider.release(state, release, NOW)
+    assert state.find("acme", gen_id).status == "ended" and state.tenant("acme").tokens_in_flight == 0
+    assert effects.changelog[-1].rate_buckets == ((int(NOW.timestamp()), 14),)  # charged down to actual use
+    assert not decider.release(state, release, NOW)
+
+
+def test_lease_expiry_interrupts_and_releases_but_starts_nothing_new(world):
+    decider, registry, state = world
+    registry.observe(heartbeat("w1"))
+    gen_id = decider.submit(state, submit(), NOW).replies[0].generation_id
+    assert not decider.expire_leases(state, NOW + timedelta(seconds=1.9))
+    effects = decider.expire_leases(state, NOW + timedelta(seconds=2.1))
+    (interrupted,), (cancel,) = effects.generations, effects.dispatch
+    assert (interrupted.type, interrupted.epoch, interrupted.worker_id) == ("Interrupted", 1, "w1")
+    assert (cancel.type, cancel.reason) == ("CancelAttempt", "lease-expired")
+    assert state.find("acme", gen_id).end_reason == "interrupted" and state.tenant("acme").concurrency == 0
+    assert not decider.expire_leases(state, NOW + timedelta(seconds=5))
+
+
+def test_cancel_is_recorded_once_repeats_harmlessly_and_is_404_for_another_tenant(world):
+    decider, registry, state = world
+    registry.observe(heartbeat("w1"))
+    gen_id = decider.submit(state, submit(), NOW).replies[0].generation_id
+    cancel = CancelGeneration(tenant_id="acme", generation_id=gen_id, gateway_id="gw", correlation_id="c1")
+    first, again = decider.cancel(state, cancel, NOW), decider.cancel(state, cancel, NOW)
+    assert [e.type for e in first.generations] == ["CancelRequested"] and not again.generations
+    assert [r.http_status for r in first.replies + again.replies] == [202, 202]
+    assert [d.type for d in first.dispatch + again.dispatch] == ["CancelAttempt", "CancelAttempt"]
+    foreign = CancelGeneration(tenant_id="mallory", generation_id=gen_id, gateway_id="gw", correlation_id="c2")
+    assert decider.cancel(state, foreign, NOW).replies[0].http_status == 404
+
+
+def test_changelog_rebuilds_the_same_budgets(world):
+    decider, registry, state = world
+    registry.observe(heartbeat("w1"))
+    log = []
+    for i in range(3):
+        log += decider.submit(state, submit(f"r{i}", max_output=20), NOW).changelog
+    first = state.find("acme", log[0].generation_id)
+    log += decider.release(state, ReleaseReservation(tenant_id="acme", generation_id=first.generation_id, epoch=1,
+                                                     used_tokens=9), NOW).changelog
+    rebuilt = PartitionState(0)
+    for record in log:
+        rebuilt.apply_changelog(record)
+    now_s = int(NOW.timestamp())
+    for tenant in (state.tenant("acme"), rebuilt.tenant("acme")):
+        assert (tenant.tokens_in_flight, tenant.concurrency, tenant.tokens_in_window(now_s)) == (48, 2, 57)
+    assert decider.submit(rebuilt, submit("r1", max_output=20), NOW).replies[0].http_status == 200
+
+
+def test_commands_the_gateway_gave_up_on_are_not_admitted(world):
+    decider, registry, state = world
+    registry.observe(heartbeat("w1", at=NOW + timedelta(seconds=30)))
+    late = decider.submit(state, submit(), NOW + timedelta(seconds=30)).replies[0]
+    assert (late.http_status, late.error_code) == (503, "command_expired")
+    assert not state.tenant("acme").generations

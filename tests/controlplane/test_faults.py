@@ -1,0 +1,112 @@
+"""Real process faults: a worker killed mid-stream, a controller killed and restarted mid-stream."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from consumers.kafka.clients import publish
+from schemas.stream import TokensEmitted
+from tests.controlplane.conftest import Process, body, read_topic, wait_until
+
+
+async def test_worker_kill9_interrupts_within_lease_releases_and_ignores_late_tokens(
+        gateway, worker, controller, tenants, versions, cp_env, cp_settings, producer, bootstrap, tmp_path):
+    since_ms = int(time.time() * 1000) - 1000
+    worker_id = f"cp-doomed-{uuid.uuid4().hex[:6]}"
+    proc = Process(["worker", "--model-version", versions["killable"], "--worker-id", worker_id], cp_env,
+                   tmp_path / "worker.log").start()
+    try:
+        await proc.wait_for_log("worker ready", 90)
+        await asyncio.sleep(0.6)  # heartbeats reach the controller
+        headers = tenants["kill"].headers  # max_concurrency = 1
+        created = await gateway.post("/v1/generations", headers=headers,
+                                     json=body(model=versions["killable"], maxOutputTokens=480))
+        assert created.status_code == 201
+        gen_id = created.json()["id"]
+        bridge = gateway.gateway.bridge
+        await wait_until(lambda: (v := bridge.view(gen_id)) and len(v.tokens) >= 8, 30, what="tokens")
+        proc.kill9()
+        killed_at = time.monotonic()
+    finally:
+        proc.stop()
+    view = await wait_until(lambda: (v := bridge.view(gen_id)) and v.status == "interrupted" and v, 10,
+                            what="interrupted")
+    elapsed = time.monotonic() - killed_at
+    assert elapsed <= cp_settings.lease_ms / 1000 + 2, f"Interrupted after {elapsed:.1f}s"
+    assert view.final.reason == "interrupted" and view.final.usage_label == "interrupted"
+    assert view.final.usage == view.usage[1]  # the last recorded watermark, nothing invented
+    assert view.final.usage.generated_output_tokens >= 4
+    streamed = len(view.tokens)
+
+    # A token of the interrupted epoch that arrives late is not accepted.
+    await publish(producer, "llm.tokens", TokensEmitted(tenant_id=tenants["kill"].tenant_id, generation_id=gen_id,
+                                                        epoch=1, seq=streamed + 1, token_ids=(5,), text_delta="x",
+                                                        token_count=streamed + 1))
+    await asyncio.sleep(0.5)
+    assert len(bridge.view(gen_id).tokens) == streamed
+
+    # The reservation is back: the tenant's single slot admits a new generation.
+    again = await gateway.post("/v1/generations", headers=headers, json=body(model=versions["served"]))
+    assert again.status_code == 201
+    interrupted = await read_topic(bootstrap, "llm.generations", since_ms,
+                                   lambda e: e.generation_id == gen_id and e.type == "Interrupted")
+    assert [(e.epoch, e.worker_id) for e in interrupted] == [(1, worker_id)]
+
+
+async def test_controller_kill9_and_restart_loses_and_repeats_no_decision(
+        gateway, worker, controller, tenants, versions, bootstrap):
+    since_ms = int(time.time() * 1000) - 1000
+    tenant = tenants["restart"]  # max_concurrency = 1: B is admitted only if A's release was applied
+    bridge = gateway.gateway.bridge
+    first = await gateway.post("/v1/generations", headers=tenant.headers,
+                               json=body(model=versions["served"], maxOutputTokens=300))
+    gen_a = first.json()["id"]
+    await wait_until(lambda: (v := bridge.view(gen_a)) and len(v.tokens) >= 2, 20, what="A's first tokens")
+    controller.kill9()
+    view = await wait_until(lambda: (v := bridge.view(gen_a)) and v.final and v, 30, what="A's end")
+    assert view.final.reason == "output-limit" and len(view.tokens) == 300  # the worker carries on alone
+
+    request_b = body(model=versions["served"], maxOutputTokens=4)
+    pending_b = asyncio.create_task(gateway.post("/v1/generations", headers=tenant.headers, json=request_b))
+    await asyncio.sleep(0.3)
+    mark = controller.log_size()
+    controller.start()
+    await controller.wait_for_log("controller owns partitions", 60, after=mark)
+    second = await asyncio.wait_for(pending_b, 30)
+    assert second.status_code == 201
+    repeat = await gateway.post("/v1/generations", headers=tenant.headers, json=request_b)
+    assert (repeat.status_code, repeat.json()["id"]) == (200, second.json()["id"])
+
+    admitted = await read_topic(bootstrap, "llm.generations", since_ms,
+                                lambda e: e.tenant_id == tenant.tenant_id and e.type == "Admitted")
+    assert sorted(e.generation_id for e in admitted) == sorted([gen_a, second.json()["id"]])
+    replies = await read_topic(bootstrap, "llm.replies", since_ms,
+                               lambda e: e.tenant_id == tenant.tenant_id and e.request_id == request_b["requestId"])
+    assert sorted(r.http_status for r in replies) == [200, 201]
+
+
+async def test_worker_that_cannot_heartbeat_fences_itself_and_writes_nothing_more(
+        gateway, start_worker, controller, tenants, versions, bootstrap, cp_settings):
+    since_ms = int(time.time() * 1000) - 1000
+    isolated = await start_worker("killable")
+    await asyncio.sleep(0.6)
+    created = await gateway.post("/v1/generations", headers=tenants["main"].headers,
+                                 json=body(model=versions["killable"], maxOutputTokens=480))
+    gen_id = created.json()["id"]
+    bridge = gateway.gateway.bridge
+    await wait_until(lambda: (v := bridge.view(gen_id)) and len(v.tokens) >= 2, 20, what="tokens")
+
+    async def unreachable() -> None:  # fault injection: the broker is out of reach for heartbeats
+        raise ConnectionError("partitioned from the broker")
+
+    isolated.send_heartbeat = unreachable
+    cut_at = time.monotonic()
+    await wait_until(lambda: not isolated.attempts, cp_settings.lease_ms / 1000 + 2, what="self-fencing")
+    assert time.monotonic() - cut_at >= cp_settings.lease_ms / 1000 - 0.5  # not before the lease ran out
+    assert isolated.engine.stats().num_blocks_used == 0 and isolated.free_blocks == isolated.total_blocks
+    await wait_until(lambda: bridge.view(gen_id).status == "interrupted", 5, what="controller's Interrupted")
+    await asyncio.sleep(0.5)
+    lifecycle = await read_topic(bootstrap, "llm.generations", since_ms, lambda e: e.generation_id == gen_id)
+    types = [e.type for e in lifecycle]
+    assert types[-1] == "Interrupted" and not {"Completed", "Canceled", "Expired"} & set(types)

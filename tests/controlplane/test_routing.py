@@ -1,0 +1,61 @@
+"""Routing over the worker registry: load shared by room, draining workers get nothing, refusals."""
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+
+from consumers.kafka.clients import publish
+from schemas.dispatch import DrainWorker, StartAttempt
+from tests.controlplane.conftest import body, read_topic, wait_until
+
+
+async def test_two_workers_share_load_and_a_draining_one_gets_no_new_work(
+        gateway, start_worker, controller, tenants, versions, producer):
+    first, second = await start_worker("drained"), await start_worker("drained")
+    await asyncio.sleep(0.6)
+    headers, bridge = tenants["drain"].headers, gateway.gateway.bridge
+
+    async def run(n: int, tokens: int) -> list[str]:
+        responses = await asyncio.gather(*[
+            gateway.post("/v1/generations", headers=headers, json=body(model=versions["drained"],
+                                                                       maxOutputTokens=tokens))
+            for _ in range(n)])
+        assert [r.status_code for r in responses] == [201] * n
+        ids = [r.json()["id"] for r in responses]
+        await wait_until(lambda: all((v := bridge.view(i)) and v.worker_id for i in ids), 20, what="started")
+        return [bridge.view(i).worker_id for i in ids]
+
+    shared = await run(4, 64)
+    assert sorted(shared) == sorted([first.worker_id, second.worker_id] * 2)
+
+    await publish(producer, "llm.dispatch", DrainWorker(worker_id=first.worker_id))
+    await wait_until(lambda: first.draining, 5, what="drain order")
+    await asyncio.sleep(0.5)  # the draining heartbeat reaches the controller
+    assert await run(3, 4) == [second.worker_id] * 3
+    await asyncio.wait_for(first.stopped.wait(), 20)  # finished its attempts, then left
+    assert not first.attempts
+
+
+async def test_worker_refuses_an_attempt_it_cannot_reserve(start_worker, controller, versions, tenants, producer,
+                                                           bootstrap):
+    since_ms = int(time.time() * 1000) - 1000
+    small = await start_worker("drained", blocks=4)  # 64 tokens of KV
+    order = StartAttempt(tenant_id=tenants["drain"].tenant_id, generation_id="gen-refusal-probe", epoch=3,
+                         worker_id=small.worker_id, model_version=versions["drained"], input_token_ids=(1, 2, 3),
+                         max_output_tokens=100, deadline_at=datetime.now(UTC) + timedelta(seconds=30))
+    await publish(producer, "llm.dispatch", order)
+    refusals = await wait_until_found(bootstrap, since_ms, order)
+    assert [(r.epoch, r.worker_id, r.reason, r.attempt) for r in refusals] == [(3, small.worker_id, "kv-full", order)]
+    assert small.free_blocks == 4 and not small.attempts
+
+
+async def wait_until_found(bootstrap, since_ms, order, timeout_s: float = 10):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = await read_topic(bootstrap, "llm.commands", since_ms,
+                                 lambda e: e.type == "AttemptRefused" and e.generation_id == order.generation_id)
+        if found:
+            return found
+        await asyncio.sleep(0.2)
+    raise AssertionError("no AttemptRefused")
