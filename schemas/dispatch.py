@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from schemas.envelope import Envelope, GenerationScoped
-from schemas.values import SamplingParams
+from schemas.values import SamplingParams, Tier
 
 
 class StartAttempt(GenerationScoped):
@@ -22,6 +22,8 @@ class StartAttempt(GenerationScoped):
     sampling: SamplingParams = SamplingParams()
     weight: float = Field(default=1.0, gt=0.0)
     deadline_at: datetime
+    # batch attempts may wait on the worker for KV room until deadline_at; interactive ones reserve or refuse
+    tier: Tier = "interactive"
 
 
 class CancelAttempt(GenerationScoped):

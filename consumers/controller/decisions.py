@@ -130,7 +130,8 @@ class Decider:
             return Effects(replies=[self.reply(cmd, "rejected", 429, request_id=cmd.request_id, error_code=code,
                                                reason=reason, retry_after_ms=self.jittered_ms(retry_ms))])
         choice = self.registry.choose(cmd.model_version, reserved, self.allowance_s(cmd.tier),
-                                      self.settings.worker_decode_tokens_per_s, now.timestamp())
+                                      self.settings.worker_decode_tokens_per_s, now.timestamp(),
+                                      may_wait=cmd.tier == "batch")
         if choice is None:
             return Effects(replies=[self.reply(
                 cmd, "rejected", 503, request_id=cmd.request_id, error_code="no_capacity",
@@ -173,7 +174,8 @@ class Decider:
                             tier=cmd.tier)
         start = StartAttempt(**scoped, worker_id=worker_id, model_version=cmd.model_version,
                              input_token_ids=cmd.input_token_ids, max_output_tokens=cmd.max_output_tokens,
-                             sampling=cmd.sampling, weight=limits.weight, deadline_at=self.deadline(cmd.tier, now))
+                             sampling=cmd.sampling, weight=limits.weight, deadline_at=self.deadline(cmd.tier, now),
+                             tier=cmd.tier)
         return Effects(generations=[admitted], dispatch=[start], changelog=[record, tenant.budget_record(now_s)],
                        replies=[self.reply(cmd, "created", 201, request_id=cmd.request_id, generation_id=gen_id,
                                            status="active")])
@@ -215,7 +217,8 @@ class Decider:
         if cmd.epoch <= self.settings.max_refusals:
             choice = self.registry.choose(gen.model_version or cmd.attempt.model_version, gen.reserved_tokens,
                                           self.allowance_s(gen.tier), self.settings.worker_decode_tokens_per_s,
-                                          now.timestamp(), exclude=frozenset({cmd.worker_id}))
+                                          now.timestamp(), exclude=frozenset({cmd.worker_id}),
+                                          may_wait=gen.tier == "batch")
         if choice is None:
             effects = self._end(state, gen, "rejected", now, used_tokens=0)
             effects.generations.insert(0, Rejected(**scoped, epoch=gen.epoch, error_code="no_capacity",

@@ -58,8 +58,12 @@ class WorkerRegistry:
         return now - view.heartbeat.occurred_at.timestamp() <= view.heartbeat.lease_ms / 1000
 
     def choose(self, model_version: str, need_tokens: int, allowance_s: float, decode_tokens_per_s: float,
-               now: float, exclude: frozenset[str] = frozenset()) -> WorkerChoice | None:
-        """The ready worker with the version and the most room whose predicted queue time fits the allowance."""
+               now: float, exclude: frozenset[str] = frozenset(), may_wait: bool = False) -> WorkerChoice | None:
+        """The ready worker with the version and the most room whose predicted queue time fits the allowance.
+
+        Without room, an attempt waits on the worker for the KV it lacks (plus the work queued there) to
+        drain at `decode_tokens_per_s`; only attempts that `may_wait` (batch tier) are routed so.
+        """
         best: WorkerChoice | None = None
         for worker_id, view in self.workers.items():
             hb = view.heartbeat
@@ -67,6 +71,8 @@ class WorkerRegistry:
                     or not self.is_live(worker_id, now) or need_tokens > view.capacity_tokens):
                 continue
             room = view.room_tokens
+            if room < need_tokens and not may_wait:
+                continue
             deficit = max(0, need_tokens - room) + (hb.queued_tokens if room < need_tokens else 0)
             queue_s = deficit / decode_tokens_per_s
             if queue_s > allowance_s:

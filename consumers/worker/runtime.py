@@ -62,6 +62,7 @@ class Worker:
         self.stopped = asyncio.Event()
         self._thread: EngineThread | None = None
         self._finishing: set[asyncio.Task] = set()
+        self.waiting: list[StartAttempt] = []  # batch attempts waiting for KV room, in arrival order
         self._failure: BaseException | None = None
 
     # -- capacity ------------------------------------------------------------------------
@@ -74,10 +75,12 @@ class Worker:
         return self.total_blocks - self.reserved_blocks
 
     def heartbeat(self, alive: bool = True) -> WorkerHeartbeat:
-        queued = sum(len(a.start.input_token_ids) for a in self.attempts.values() if not a.started_output)
+        queued = sum(len(a.start.input_token_ids) for a in self.attempts.values() if not a.started_output) + sum(
+            len(o.input_token_ids) + o.max_output_tokens for o in self.waiting)
         return WorkerHeartbeat(worker_id=self.worker_id, model_versions=(self.model.model_version,),
                                total_blocks=self.total_blocks, free_blocks=self.free_blocks,
-                               block_size=self.block_size, running=len(self.attempts), queued_tokens=queued,
+                               block_size=self.block_size, running=len(self.attempts) + len(self.waiting),
+                               queued_tokens=queued,
                                draining=self.draining, lease_ms=self.settings.lease_ms, alive=alive,
                                stale_commands=self.stale_commands, plane=self.settings.controller_group)
 
@@ -87,12 +90,21 @@ class Worker:
                                         headers=record_headers(event))
 
     # -- dispatch ----------------------------------------------------------------------------
-    async def on_start(self, order: StartAttempt) -> None:
+    async def on_start(self, order: StartAttempt, accepted: bool = False) -> None:
+        """Reserve and run, queue (batch tier), or refuse. `accepted`: already queued here, a drain keeps it."""
         request_id = f"{order.generation_id}#{order.epoch}"
         if request_id in self.attempts:
             return  # a redelivered order for an attempt already running here
         need = blocks_for(len(order.input_token_ids) + order.max_output_tokens, self.block_size)
-        reason = "draining" if self.draining else ("kv-full" if need > self.free_blocks else None)
+        if any(o.generation_id == order.generation_id and o.epoch == order.epoch for o in self.waiting):
+            return
+        reason = "draining" if self.draining and not accepted else ("kv-full" if need > self.free_blocks else None)
+        if reason == "kv-full" and order.tier == "batch" and need <= self.total_blocks:
+            # Batch work may wait here for room (routed so by the controller's queue-time estimate).
+            self.waiting.append(order)
+            log.info("attempt queued generation=%s epoch=%d need_blocks=%d free_blocks=%d waiting=%d",
+                     order.generation_id, order.epoch, need, self.free_blocks, len(self.waiting))
+            return
         if reason is not None:
             log.info("attempt refused generation=%s epoch=%d reason=%s need_blocks=%d free_blocks=%d",
                      order.generation_id, order.epoch, reason, need, self.free_blocks)
@@ -115,10 +127,41 @@ class Worker:
         log.info("attempt started generation=%s epoch=%d input_tokens=%d reserved_blocks=%d",
                  order.generation_id, order.epoch, len(order.input_token_ids), need)
 
+    async def start_waiting(self) -> None:
+        """Start queued batch attempts in arrival order while they fit; end those past their deadline."""
+        while self.waiting:
+            order = self.waiting[0]
+            if order.deadline_at <= datetime.now(UTC):
+                self.waiting.pop(0)
+                await self.end_unstarted(order, "expired")
+                continue
+            need = blocks_for(len(order.input_token_ids) + order.max_output_tokens, self.block_size)
+            if need > self.free_blocks:
+                return
+            self.waiting.pop(0)
+            await self.on_start(order, accepted=True)
+
+    async def end_unstarted(self, order: StartAttempt, reason: str) -> None:
+        """End an attempt that never reached the engine: terminal event, final stream event, release."""
+        scoped = {"tenant_id": order.tenant_id, "generation_id": order.generation_id, "epoch": order.epoch}
+        terminal = Expired(**scoped) if reason == "expired" else Canceled(**scoped)
+        await (await self.send(GENERATIONS, terminal))
+        await (await self.send(TOKENS, StreamFinished(**scoped, seq=1, reason=reason, usage=terminal.usage)))
+        await (await self.send(COMMANDS, ReleaseReservation(**scoped, used_tokens=0, end_reason=reason,
+                                                            plane=self.settings.controller_group)))
+        log.info("queued attempt ended generation=%s epoch=%d reason=%s", order.generation_id, order.epoch, reason)
+
     def find(self, generation_id: str) -> Attempt | None:
         return next((a for a in self.attempts.values() if a.start.generation_id == generation_id), None)
 
     async def on_cancel(self, order: CancelAttempt) -> None:
+        queued = next((o for o in self.waiting if o.generation_id == order.generation_id and o.epoch == order.epoch),
+                       None)
+        if queued is not None:
+            self.waiting.remove(queued)
+            if order.reason != "lease-expired":
+                await self.end_unstarted(queued, "canceled")
+            return
         attempt = self.find(order.generation_id)
         if attempt is None or attempt.start.epoch != order.epoch:
             self.stale_commands += 1
@@ -190,6 +233,7 @@ class Worker:
         await (await self.send(TOKENS, StreamFinished(**attempt.scoped, seq=attempt.next_seq(), reason=end_reason,
                                                       usage=usage)))
         self.attempts.pop(attempt.request_id, None)
+        await self.start_waiting()
         await (await self.send(COMMANDS, ReleaseReservation(
             tenant_id=attempt.start.tenant_id, generation_id=attempt.start.generation_id, epoch=attempt.start.epoch,
             used_tokens=attempt.used_tokens, end_reason=end_reason, plane=self.settings.controller_group)))
@@ -223,6 +267,7 @@ class Worker:
 
     def fence_all(self) -> None:
         """No acknowledged heartbeat for a lease: the controller has given our attempts up, so stop them."""
+        self.waiting.clear()
         for attempt in self.attempts.values():
             if not attempt.fenced:
                 attempt.fenced = True
@@ -242,7 +287,9 @@ class Worker:
                 log.warning("heartbeat failed worker=%s error=%s", self.worker_id, type(exc).__name__)
             if time.monotonic() - self.last_heartbeat_ok > self.settings.lease_ms / 1000:
                 self.fence_all()
-            if self.draining and not self.attempts and not self._finishing:
+            if self.waiting:
+                await self.start_waiting()  # deadlines pass even when nothing finishes
+            if self.draining and not self.attempts and not self._finishing and not self.waiting:
                 return
             await asyncio.sleep(interval)
 

@@ -87,7 +87,7 @@ async def versions(bootstrap, topics, model_dir) -> dict[str, str]:
     """Registered versions: `served` (shared workers), `drained`/`killable` (one test's own), `idle` (no worker)."""
     from producers.model_registry import register_model
 
-    names = {role: f"cp-{role}-{SESSION}@1" for role in ("served", "drained", "killable", "idle")}
+    names = {role: f"cp-{role}-{SESSION}@1" for role in ("served", "drained", "killable", "batch", "idle")}
     for name in names.values():
         await register_model(bootstrap, model_dir, name)
     return names
@@ -170,12 +170,13 @@ async def start_worker(bootstrap, cp_settings, versions, engine_artifacts, model
     registered = await registered_versions(bootstrap)
     running: list[tuple] = []
 
-    async def start(version_role: str = "served", blocks: int = 256, worker_id: str | None = None):
+    async def start(version_role: str = "served", blocks: int = 256, worker_id: str | None = None, **overrides):
         model = registered[versions[version_role]]
         config = EngineConfig(kv_cache_bytes=blocks * BLOCK * 512, block_size=BLOCK, reservation="full",
                               dtype="float32", device="cpu", tenant_weights={}, expected_checksums=model.checksums)
         engine = Engine(model_dir, config, artifacts=engine_artifacts)
-        worker = Worker(cp_settings, bootstrap, model, engine, worker_id or f"cp-worker-{uuid.uuid4().hex[:6]}")
+        settings = cp_settings.model_copy(update=overrides)
+        worker = Worker(settings, bootstrap, model, engine, worker_id or f"cp-worker-{uuid.uuid4().hex[:6]}")
         task = asyncio.create_task(worker.run())
         await asyncio.wait_for(worker.ready.wait(), 30)
         running.append((worker, task))

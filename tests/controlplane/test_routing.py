@@ -59,3 +59,22 @@ async def wait_until_found(bootstrap, since_ms, order, timeout_s: float = 10):
             return found
         await asyncio.sleep(0.2)
     raise AssertionError("no AttemptRefused")
+
+
+async def test_batch_waits_on_a_full_worker_while_interactive_is_refused(gateway, start_worker, controller,
+                                                                        tenants, versions):
+    small = await start_worker("batch", blocks=8)  # 128 tokens of KV
+    await asyncio.sleep(0.6)
+    headers, bridge = tenants["main"].headers, gateway.gateway.bridge
+    running = await gateway.post("/v1/generations", headers=headers,
+                                 json=body(model=versions["batch"], maxOutputTokens=100))  # 7 of 8 blocks
+    refused = await gateway.post("/v1/generations", headers=headers,
+                                 json=body(model=versions["batch"], maxOutputTokens=100))
+    queued = await gateway.post("/v1/generations", headers=headers,
+                                json=body(model=versions["batch"], maxOutputTokens=100, tier="batch"))
+    assert (running.status_code, refused.status_code, queued.status_code) == (201, 503, 201)
+    first, waiting = bridge, queued.json()["id"]
+    await wait_until(lambda: (v := first.view(running.json()["id"])) and v.final, 20, what="first end")
+    view = await wait_until(lambda: (v := bridge.view(waiting)) and v.final and v, 20, what="queued end")
+    assert view.final.reason == "output-limit" and len(view.tokens) == 100 and view.worker_id == small.worker_id
+    assert not small.waiting and small.free_blocks == 8
