@@ -70,3 +70,17 @@ async def producer(bootstrap, topics):
     await p.start()
     yield p
     await p.stop()
+
+
+@pytest.fixture
+def scratch_database(database_url):
+    """An empty database of this test's own on the same server, dropped afterwards."""
+    import uuid
+
+    name = f"scratch_{uuid.uuid4().hex[:10]}"
+    admin_url = database_url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield database_url.rsplit("/", 1)[0] + f"/{name}"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

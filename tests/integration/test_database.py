@@ -14,17 +14,6 @@ TABLES = {"alembic_version", "api_keys", "attempts", "billing_ledger", "generati
           "usage_reports", "usage_watermarks"}
 
 
-@pytest.fixture
-def scratch_database(database_url):
-    name = f"scratch_{uuid.uuid4().hex[:10]}"
-    admin_url = database_url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield database_url.rsplit("/", 1)[0] + f"/{name}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-
-
 def tables(url: str) -> set[str]:
     with psycopg.connect(url) as conn:
         rows = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()

@@ -143,16 +143,9 @@ def projection_settings() -> Settings:
 
 
 @pytest.fixture
-def scratch_database_url(database_url):
+def scratch_database_url(scratch_database):
     """A fresh, migrated database: for tests whose projections must not see other tests' rows."""
     from migrations import runner
 
-    name = f"scratch_{uuid.uuid4().hex[:10]}"
-    admin_url = database_url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = database_url.rsplit("/", 1)[0] + f"/{name}"
-    runner.upgrade(url)
-    yield url
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    runner.upgrade(scratch_database)
+    return scratch_database
