@@ -42,12 +42,12 @@ def measure(model_dir: str, batch_sizes=(1, 8, 32, 64), context: int = 256, reps
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="ledger_paged").eval()
     rows = []
     for b in batch_sizes:
-        engine = Engine(model_dir, EngineConfig(kv_cache_bytes=512 << 20, max_num_batched_tokens=8192,
+        engine = Engine(model_dir, EngineConfig(kv_cache_bytes=512 << 20, max_num_batched_tokens=max(b * context, 512),
                                                 max_num_seqs=128, device="cpu", dtype="float32"))
         rng = random.Random(b)
         for i in range(b):
             prompt = tuple(rng.randrange(6, 500) for _ in range(context))
-            engine.add_request(EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=1000, ignore_eos=True)))
+            engine.add_request(EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=200, ignore_eos=True)))
         engine.step()  # prefill everything; from here on every step is a pure decode step
         sched = engine.scheduler.schedule(engine.clock())
         batch, _ = engine.runner.prepare(sched)

@@ -21,6 +21,10 @@ class EngineConfig:
       output tokens at admission and never preempts.
     * `tenant_weights` weights the fair queue by tokens served (default 1.0).
     * `device`/`dtype` "auto": CUDA + bfloat16 when available, else CPU float32.
+    * `expected_checksums`: the registered model version's file checksums; the
+      directory's manifest must agree with them exactly.
+    * `max_model_len`: defaults to the model's max_position_embeddings (or its
+      sliding window, whichever is smaller).
     """
 
     kv_cache_bytes: int = 256 * 1024 * 1024

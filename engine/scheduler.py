@@ -103,6 +103,7 @@ class Scheduler:
 
     # -- the step ---------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
+        """Plan one step at monotonic time `now` (see the module docstring for the order)."""
         out = SchedulerOutput()
         self._expire(now, out)
         budget = self.config.max_num_batched_tokens

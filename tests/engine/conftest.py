@@ -6,12 +6,16 @@ float64 (see FACTS.md; a tie would show up as a parity failure, not a flake).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Iterable
 
 import pytest
 
-import torch
+# Before the first torch import: spinning OpenMP threads on a 2-core machine
+# shared with Kafka/Postgres made engine steps several times slower.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch  # noqa: E402
 
 from engine.artifacts import load_artifacts
 from engine.config import EngineConfig

@@ -24,7 +24,7 @@ def family_configs():
         # Mistral: explicit head_dim different from hidden/heads, window longer than the model.
         "mistral": MistralConfig(num_attention_heads=4, num_key_value_heads=1, head_dim=32, sliding_window=4096, **COMMON),
         # Llama 3 RoPE scaling comes from transformers' RoPE tables.
-        "llama3-rope": __import__("transformers").LlamaConfig(
+        "llama3-rope": LlamaConfig(
             num_attention_heads=4,
             num_key_value_heads=2,
             attention_bias=True,

@@ -88,3 +88,16 @@ def test_preemption_picks_lowest_weight_then_newest():
     assert list(sched.waiting["default"]) == [light_old, light_new]
     assert sched.num_preemptions == 2
     bm.check_invariants()
+
+
+def test_abort_of_waiting_request_cancels_without_tokens(make_engine):
+    engine = make_engine(max_num_seqs=1)
+    engine.add_request(make_request("running", [5] * 10, max_tokens=5))
+    engine.add_request(make_request("queued", [6] * 10, max_tokens=5))
+    first = engine.step()
+    assert [o.request_id for o in first] == ["running"]
+    assert engine.abort("queued")
+    outputs = run_engine(engine)
+    assert [(o.finish_reason, o.new_token_ids) for o in outputs["queued"]] == [(FinishReason.CANCELLED, ())]
+    assert len(first[0].new_token_ids + tuple(tokens_of(outputs["running"]))) == 5
+    assert engine.stats().num_waiting == 0 and engine.stats().num_running == 0
