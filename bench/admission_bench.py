@@ -4,7 +4,8 @@
              HTTP latency from send to decision (p50/p95/p99), status counts
     phase 2  the same `num_requests` generations (fixed token ids, greedy, ignore nothing)
              a) through gateway -> Kafka -> controller -> worker -> Kafka -> bridge, all submitted at once
-             b) on an Engine alone in this process with the worker's engine config
+             b) on an Engine alone in a fresh process with the worker's engine config, run right
+                before and right after (a), so load from other processes on the machine hits both alike
              output tokens/s of each and their ratio
 
 The controller and the worker run as real processes in a control plane of
@@ -67,6 +68,10 @@ def engine_alone(model_dir: Path, settings: Settings, prompts: list[tuple[int, .
     config = EngineConfig(kv_cache_bytes=settings.worker_kv_cache_bytes, reservation="full",
                           max_num_seqs=settings.worker_max_num_seqs, device=settings.worker_device)
     engine = Engine(model_dir, config)
+    # Warm up (first forwards pay one-time kernel and allocator costs), as the worker was by the earlier phases.
+    engine.add_request(EngineRequest("warm", prompts[0], SamplingParams(max_tokens=8)))
+    while engine.has_unfinished():
+        engine.step()
     started = time.perf_counter()
     for i, prompt in enumerate(prompts):
         engine.add_request(EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=output_tokens),
@@ -76,6 +81,22 @@ def engine_alone(model_dir: Path, settings: Settings, prompts: list[tuple[int, .
         produced += sum(len(o.new_token_ids) for o in engine.step())
     elapsed = time.perf_counter() - started
     return {"output_tokens": produced, "seconds": round(elapsed, 3), "tokens_per_s": round(produced / elapsed, 1)}
+
+
+def engine_alone_process(model_dir: Path, prompts: list[tuple[int, ...]], output_tokens: int, workdir: Path,
+                         env: dict[str, str]) -> dict:
+    """The baseline in a fresh process, like the worker's (a process that served HTTP and Kafka for a
+    minute ran the same engine 6x slower: its leftover threads are not the engine's fault)."""
+    import json
+
+    job = workdir / "engine_alone.json"
+    job.write_text(json.dumps({"model_dir": str(model_dir), "prompts": [list(p) for p in prompts],
+                               "output_tokens": output_tokens}))
+    out = subprocess.run([sys.executable, "-m", "bench.admission_bench", str(job)], env=env, cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"engine-alone run failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 async def run_admission_bench(model_dir: Path, rate: float, seconds: float, num_requests: int,
@@ -100,8 +121,10 @@ async def run_admission_bench(model_dir: Path, rate: float, seconds: float, num_
                                  TenantLimits(max_tokens_in_flight=10_000_000, tokens_per_minute=100_000_000,
                                               max_concurrency=10_000))
     await move_group_to_end(bootstrap, plane, "llm.commands")
+    # OMP_WAIT_POLICY=PASSIVE for the worker and the baseline alike: with other processes busy on 2 cores,
+    # spinning OpenMP threads slowed the same engine steps 10-20x (0.2 s vs 3.6 s for this workload).
     env = {**os.environ, "LEDGERLM_KAFKA_BOOTSTRAP": bootstrap, "LEDGERLM_DATABASE_URL": db_url,
-           "LEDGERLM_CONTROLLER_GROUP": plane}
+           "LEDGERLM_CONTROLLER_GROUP": plane, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     workdir.mkdir(parents=True, exist_ok=True)
     procs = []
     try:
@@ -125,6 +148,7 @@ async def run_admission_bench(model_dir: Path, rate: float, seconds: float, num_
             texts = workload(num_requests)
             # The gateway's effective token ids for `input`: the engine-alone run gets exactly these.
             prompts = [tuple(tokenizer(text)["input_ids"]) for text in texts]
+            before = await asyncio.to_thread(engine_alone_process, model_dir, prompts, output_tokens, workdir, env)
             platform = await throughput_phase(client, app, version, texts, output_tokens)
         server.should_exit = True
         await serving
@@ -136,8 +160,11 @@ async def run_admission_bench(model_dir: Path, rate: float, seconds: float, num_
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    alone = await asyncio.to_thread(engine_alone, model_dir, settings, prompts, output_tokens)
-    return {"model_dir": str(model_dir), "model_version": version, "plane": plane, "admission": latency,
+    after = await asyncio.to_thread(engine_alone_process, model_dir, prompts, output_tokens, workdir, env)
+    alone = {"before": before, "after": after,
+             "tokens_per_s": round((before["tokens_per_s"] + after["tokens_per_s"]) / 2, 1)}
+    return {"model_dir": str(model_dir), "model_version": version, "plane": plane,
+            "omp_wait_policy": env["OMP_WAIT_POLICY"], "admission": latency,
             "throughput": {"requests": num_requests, "output_tokens_per_request": output_tokens,
                            "platform": platform, "engine_alone": alone,
                            "ratio": round(platform["tokens_per_s"] / alone["tokens_per_s"], 3)},
@@ -199,3 +226,17 @@ async def throughput_phase(client, app, version: str, texts: list[str], output_t
     elapsed = time.perf_counter() - started
     produced = sum(bridge.view(i).final.usage.generated_output_tokens for i in ids)
     return {"output_tokens": produced, "seconds": round(elapsed, 3), "tokens_per_s": round(produced / elapsed, 1)}
+
+
+if __name__ == "__main__":
+    import json
+    import threading
+
+    job = json.loads(Path(sys.argv[1]).read_text())
+    result: dict = {}
+    # On a thread, as the worker's EngineThread runs it.
+    runner = threading.Thread(target=lambda: result.update(engine_alone(
+        Path(job["model_dir"]), Settings(), [tuple(p) for p in job["prompts"]], job["output_tokens"])))
+    runner.start()
+    runner.join()
+    print(json.dumps(result))

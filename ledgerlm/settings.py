@@ -58,6 +58,8 @@ class Settings(BaseSettings):
     worker_device: str = "auto"
     usage_report_tokens: int = Field(default=16, ge=1, description="a watermark every N generated tokens")
     usage_report_ms: int = Field(default=500, ge=1, description="... or every T ms, whichever first")
+    stream_flush_ms: int = Field(default=20, ge=0,
+                                 description="coalesce a stream's tokens into one event per T ms (0: one per step)")
 
     @property
     def state_file(self) -> Path:

@@ -4,8 +4,12 @@ Records are written to the partition of the tenant's `llm.commands` partition
 (explicitly, not by hashing their key), and keyed so compaction keeps the
 latest record per item:
 
-    IdentityRecorded    "<tenant>/g/<request id>"   one per generation, latest state
-    TenantBudgetState   "<tenant>/budget"           token-rate window of the tenant
+    IdentityRecorded    "<plane>/<tenant>/g/<request id>"   one per generation, latest state
+    TenantBudgetState   "<plane>/<tenant>/budget"           token-rate window of the tenant
+
+`plane` is the controller group that wrote the record: a controller rebuilds
+only its own plane's records, so two control planes sharing a broker never
+adopt (and expire) each other's generations.
 
 Tokens in flight and concurrency are not stored separately: they are the sums
 over a tenant's live generations, so a rebuild cannot disagree with them.
@@ -38,10 +42,12 @@ class IdentityRecorded(TenantScoped):
     input_tokens: int = Field(default=0, ge=0)
     end_reason: str | None = None
     admitted_s: int | None = None  # unix second charged in the token-rate window
+    queued: bool = False  # routed to wait for KV room on its worker (batch tier): counts as queued work
+    plane: str | None = None
 
     @property
     def changelog_key(self) -> str:
-        return f"{self.tenant_id}/g/{self.request_id}"
+        return f"{self.plane or '-'}/{self.tenant_id}/g/{self.request_id}"
 
 
 class TenantBudgetState(TenantScoped):
@@ -51,7 +57,8 @@ class TenantBudgetState(TenantScoped):
     queued_tokens: int = Field(ge=0)
     # (unix second, tokens) charged in the last minute: the token-rate window.
     rate_buckets: tuple[tuple[int, int], ...] = ()
+    plane: str | None = None
 
     @property
     def changelog_key(self) -> str:
-        return f"{self.tenant_id}/budget"
+        return f"{self.plane or '-'}/{self.tenant_id}/budget"

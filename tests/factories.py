@@ -57,7 +57,7 @@ def make_event(type_name: str, tenant_id: str | None = None, generation_id: str 
         "StartAttempt": lambda: StartAttempt(
             **scoped, epoch=1, worker_id="worker-a", model_version="demo-tiny@1", input_token_ids=(1, 2, 3),
             max_output_tokens=16, sampling=sampling, weight=2.0,
-            deadline_at=datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=30)),
+            deadline_at=datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=30), tier="batch"),
         "CancelAttempt": lambda: CancelAttempt(**scoped, epoch=2, worker_id="worker-a"),
         "Admitted": lambda: Admitted(**scoped, epoch=1, request_id=uid("req"), model_version="demo-tiny@1",
                                      input_tokens=4, max_output_tokens=64, reserved_tokens=68,
@@ -86,7 +86,8 @@ def make_event(type_name: str, tenant_id: str | None = None, generation_id: str 
                                                      generation_id=gen, payload_hash=HASH, status="canceling",
                                                      model_version="demo-tiny@1", tier="batch", epoch=1,
                                                      worker_id="worker-a", reserved_tokens=68, input_tokens=4,
-                                                     admitted_s=1767225600),
+                                                     admitted_s=1767225600, queued=True,
+                                                     plane="ledgerlm-controller"),
         "TenantBudgetState": lambda: TenantBudgetState(tenant_id=tenant, tokens_in_flight=10, concurrency=1,
                                                        queued_tokens=0, rate_buckets=((1767225600, 68),)),
         "DeadLetter": lambda: DeadLetter(source_topic="llm.generations", partition=2, offset=41, key_b64=None,

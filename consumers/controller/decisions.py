@@ -62,6 +62,7 @@ class Decider:
         self.tenants = tenants
         self.models = models
         self.rng = rng or random.Random()
+        self.plane = settings.controller_group
 
     # -- helpers -------------------------------------------------------------------
     def jittered_ms(self, base_ms: int) -> int:
@@ -92,7 +93,7 @@ class Decider:
         ended = gen.model_copy(update={"status": "ended", "end_reason": reason})
         state.record(ended)
         self.registry.forget(gen.worker_id, gen.generation_id)
-        return Effects(changelog=[ended, tenant.budget_record(now_s)])
+        return Effects(changelog=[ended, tenant.budget_record(now_s, self.plane)])
 
     # -- SubmitGeneration --------------------------------------------------------------
     def submit(self, state: PartitionState, cmd: SubmitGeneration, now: datetime) -> Effects:
@@ -137,7 +138,13 @@ class Decider:
                 cmd, "rejected", 503, request_id=cmd.request_id, error_code="no_capacity",
                 reason=f"no ready worker with {cmd.model_version} and room within the {cmd.tier} allowance",
                 retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))])
-        return self.admit(state, tenant, limits, cmd, reserved, choice.worker_id, now)
+        queued = choice.queue_s > 0
+        if queued and tenant.queued_tokens + reserved > limits.max_queued_tokens:
+            return Effects(replies=[self.reply(
+                cmd, "rejected", 429, request_id=cmd.request_id, error_code="queued_tokens",
+                reason=f"{tenant.queued_tokens} queued tokens + {reserved} exceed {limits.max_queued_tokens}",
+                retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))])
+        return self.admit(state, tenant, limits, cmd, reserved, choice.worker_id, now, queued)
 
     def over_budget(self, tenant: TenantState, limits: TenantLimits, reserved: int,
                     now: datetime) -> tuple[str, str, int] | None:
@@ -157,14 +164,15 @@ class Decider:
         return None
 
     def admit(self, state: PartitionState, tenant: TenantState, limits: TenantLimits, cmd: SubmitGeneration,
-              reserved: int, worker_id: str, now: datetime) -> Effects:
+              reserved: int, worker_id: str, now: datetime, queued: bool = False) -> Effects:
         gen_id = new_generation_id()
         now_s = int(now.timestamp())
         tenant.charge(now_s, reserved)
-        record = IdentityRecorded(tenant_id=cmd.tenant_id, request_id=cmd.request_id, generation_id=gen_id,
+        record = IdentityRecorded(plane=self.plane, tenant_id=cmd.tenant_id, request_id=cmd.request_id,
+                                  generation_id=gen_id,
                                   payload_hash=cmd.payload_hash, model_version=cmd.model_version, tier=cmd.tier,
                                   epoch=1, worker_id=worker_id, reserved_tokens=reserved,
-                                  input_tokens=len(cmd.input_token_ids), admitted_s=now_s)
+                                  input_tokens=len(cmd.input_token_ids), admitted_s=now_s, queued=queued)
         state.record(record)
         self.registry.hold(worker_id, gen_id, reserved, now.timestamp())
         scoped = {"tenant_id": cmd.tenant_id, "generation_id": gen_id, "epoch": 1}
@@ -176,7 +184,8 @@ class Decider:
                              input_token_ids=cmd.input_token_ids, max_output_tokens=cmd.max_output_tokens,
                              sampling=cmd.sampling, weight=limits.weight, deadline_at=self.deadline(cmd.tier, now),
                              tier=cmd.tier)
-        return Effects(generations=[admitted], dispatch=[start], changelog=[record, tenant.budget_record(now_s)],
+        return Effects(generations=[admitted], dispatch=[start],
+                       changelog=[record, tenant.budget_record(now_s, self.plane)],
                        replies=[self.reply(cmd, "created", 201, request_id=cmd.request_id, generation_id=gen_id,
                                            status="active")])
 

@@ -26,7 +26,6 @@ from consumers.controller.state import PartitionState
 from consumers.kafka.clients import make_producer
 from consumers.kafka.follower import Follower
 from ledgerlm.settings import Settings
-from schemas.changelog import IdentityRecorded, TenantBudgetState
 from schemas.codec import DecodeError, decode, encode, record_headers, record_key
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
 from schemas.dead_letter import DeadLetter
@@ -117,10 +116,13 @@ class Controller:
                 for tp, records in (await consumer.getmany(*pending, timeout_ms=500)).items():
                     for record in records:
                         try:
-                            states[tp.partition].apply_changelog(decode(CONTROL_CHANGELOG, record.value))
+                            item = decode(CONTROL_CHANGELOG, record.value)
                         except DecodeError as exc:
                             log.warning("changelog record skipped partition=%d offset=%d error=%s",
                                         record.partition, record.offset, type(exc).__name__)
+                            continue
+                        if item.plane == self.group:  # another control plane's state is not ours to adopt
+                            states[tp.partition].apply_changelog(item)
                 pending = {tp for tp in pending if await consumer.position(tp) < ends[tp]}
         finally:
             await consumer.stop()
@@ -215,6 +217,16 @@ class Controller:
                     log.warning("attempt interrupted generation=%s epoch=%s worker=%s", event.generation_id,
                                 event.epoch, getattr(event, "worker_id", None))
 
+    async def _check_co_partitioning(self, follower: Follower) -> None:
+        """Changelog records go to the partition number of their command: both topics need equal counts."""
+        from consumers.kafka.follower import partitions_of
+
+        commands = await partitions_of(follower.consumer, COMMANDS)
+        changelog = await partitions_of(follower.consumer, CONTROL_CHANGELOG)
+        if len(commands) != len(changelog):
+            raise RuntimeError(f"{COMMANDS} has {len(commands)} partitions but {CONTROL_CHANGELOG} has "
+                               f"{len(changelog)}: controller state would not be co-partitioned")
+
     # -- main loop ---------------------------------------------------------------------------
     async def run(self) -> None:
         follower = Follower(self.bootstrap, [WORKERS, TENANTS, MODELS], self.on_registry,
@@ -225,10 +237,11 @@ class Controller:
             bootstrap_servers=self.bootstrap, group_id=self.group, client_id="controller",
             enable_auto_commit=False, isolation_level="read_committed",
             auto_offset_reset=self.settings.controller_start, session_timeout_ms=6000,
-            heartbeat_interval_ms=1000, fetch_max_wait_ms=100)
+            heartbeat_interval_ms=1000, fetch_max_wait_ms=10)
         try:
             # Leases are judged against the registry, so it must be current before any check.
             await asyncio.wait_for(follower.caught_up.wait(), timeout=60)
+            await self._check_co_partitioning(follower)
             consumer.subscribe([COMMANDS], listener=_Rebalance(self))
             await consumer.start()
             interval = self.settings.lease_check_interval_ms / 1000

@@ -34,6 +34,10 @@ class TenantState:
         return sum(g.reserved_tokens for g in self.live())
 
     @property
+    def queued_tokens(self) -> int:
+        return sum(g.reserved_tokens for g in self.live() if g.queued)
+
+    @property
     def concurrency(self) -> int:
         return sum(1 for _ in self.live())
 
@@ -60,10 +64,10 @@ class TenantState:
                 return max(1, second + RATE_WINDOW_S - now_s)
         return RATE_WINDOW_S
 
-    def budget_record(self, now_s: int) -> TenantBudgetState:
+    def budget_record(self, now_s: int, plane: str | None = None) -> TenantBudgetState:
         self.trim_rate(now_s)
-        return TenantBudgetState(tenant_id=self.tenant_id, tokens_in_flight=self.tokens_in_flight,
-                                 concurrency=self.concurrency, queued_tokens=0,
+        return TenantBudgetState(plane=plane, tenant_id=self.tenant_id, tokens_in_flight=self.tokens_in_flight,
+                                 concurrency=self.concurrency, queued_tokens=self.queued_tokens,
                                  rate_buckets=tuple(sorted(self.rate.items())))
 
 

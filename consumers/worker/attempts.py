@@ -33,6 +33,11 @@ class Attempt:
     usage: Usage = Usage()
     fenced: bool = False  # declared lost (lease) or self-fenced: publish nothing more for it
     finishing: bool = False
+    # Tokens produced but not yet in a stream event (coalesced for `stream_flush_ms`).
+    pending_ids: list[int] = field(default_factory=list)
+    pending_text: list[str] = field(default_factory=list)
+    pending_count: int = 0
+    flushed_at: float = 0.0
 
     @property
     def request_id(self) -> str:
@@ -64,6 +69,20 @@ class Attempt:
         self.reported_output = self.usage.generated_output_tokens
         self.reported_at = now
         return self.report_seq
+
+    def buffer(self, output: RequestOutput) -> None:
+        self.pending_ids.extend(output.new_token_ids)
+        self.pending_text.append(output.text_delta)
+        self.pending_count = output.num_output_tokens
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self.pending_ids or any(self.pending_text))
+
+    def take_pending(self, now: float) -> tuple[tuple[int, ...], str, int]:
+        taken = (tuple(self.pending_ids), "".join(self.pending_text), self.pending_count)
+        self.pending_ids, self.pending_text, self.flushed_at = [], [], now
+        return taken
 
     def next_seq(self) -> int:
         self.seq += 1

@@ -203,19 +203,40 @@ class Worker:
                 self.attempts.pop(output.request_id, None)
             return
         if output.new_token_ids or output.text_delta:
-            await self.send(TOKENS, TokensEmitted(**attempt.scoped, seq=attempt.next_seq(),
-                                                  token_ids=output.new_token_ids, text_delta=output.text_delta,
-                                                  token_count=output.num_output_tokens))
+            attempt.buffer(output)
         now = time.monotonic()
         if output.finished:
+            await self.flush(attempt, now)
             # The end waits for acknowledgements; other attempts' tokens must not wait behind it.
             attempt.finishing = True
             task = asyncio.create_task(self.finish(attempt, output))
             self._finishing.add(task)
             task.add_done_callback(self._finished)
-        elif attempt.report_due(self.settings.usage_report_tokens, self.settings.usage_report_ms, now):
+            return
+        if attempt.seq == 0 or (now - attempt.flushed_at) * 1000 >= self.settings.stream_flush_ms:
+            await self.flush(attempt, now)  # the first token goes out at once: it is the TTFT
+        if attempt.report_due(self.settings.usage_report_tokens, self.settings.usage_report_ms, now):
+            await self.flush(attempt, now)  # a watermark never counts tokens the stream has not carried
             await self.send(GENERATIONS, UsageReported(**attempt.scoped, report_seq=attempt.next_report(now),
                                                        usage=attempt.usage))
+
+    async def flush(self, attempt: Attempt, now: float) -> None:
+        """One stream event for the tokens buffered since the last one."""
+        if attempt.has_pending:
+            token_ids, text, count = attempt.take_pending(now)
+            await self.send(TOKENS, TokensEmitted(**attempt.scoped, seq=attempt.next_seq(), token_ids=token_ids,
+                                                  text_delta=text, token_count=count))
+
+    async def _flusher(self) -> None:
+        """Buffered tokens of a stream that produced nothing new for a while still go out."""
+        interval = max(self.settings.stream_flush_ms, 1) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for attempt in list(self.attempts.values()):
+                if not attempt.fenced and not attempt.finishing and attempt.has_pending \
+                        and now - attempt.flushed_at >= interval:
+                    await self.flush(attempt, now)
 
     async def finish(self, attempt: Attempt, output: RequestOutput) -> None:
         """Final watermark and terminal event acknowledged, then the final stream event, then the release."""
@@ -308,6 +329,8 @@ class Worker:
         await self.consumer.position(tp)
         tasks = [asyncio.create_task(self._pump(), name="worker-pump"),
                  asyncio.create_task(self._read_dispatch(), name="worker-dispatch")]
+        if self.settings.stream_flush_ms > 0:
+            tasks.append(asyncio.create_task(self._flusher(), name="worker-flush"))
         heartbeats = asyncio.create_task(self._heartbeats(), name="worker-heartbeat")
         self.ready.set()
         log.info("worker ready worker=%s model=%s blocks=%d", self.worker_id, self.model.model_version,

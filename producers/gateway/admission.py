@@ -11,7 +11,7 @@ import asyncio
 import logging
 import uuid
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from consumers.kafka.clients import make_producer, publish
 from consumers.kafka.follower import partition_for, partitions_of
@@ -37,7 +37,7 @@ class AdmissionClient:
         self.producer = make_producer(self.bootstrap, client_id=self.gateway_id)
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, client_id=self.gateway_id,
                                          enable_auto_commit=False, isolation_level="read_committed",
-                                         fetch_max_wait_ms=100)
+                                         fetch_max_wait_ms=10)
         await self.producer.start()
         await self.consumer.start()
         partitions = await partitions_of(self.consumer, REPLIES)

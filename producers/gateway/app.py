@@ -28,7 +28,7 @@ from producers.gateway.database import GatewayDatabase, Principal
 from producers.gateway.errors import ApiError
 from producers.gateway.prompts import ModelCatalog
 from producers.gateway.requests import GenerationRequest
-from producers.gateway.status import read_status
+from producers.gateway.status import TERMINAL, read_status
 from schemas.commands import CancelGeneration, SubmitGeneration
 from schemas.registry_events import ModelVersionRegistered
 from schemas.replies import AdmissionDecision
@@ -54,8 +54,9 @@ class Gateway:
             if isinstance(event, ModelVersionRegistered):
                 catalog.observe(event)
 
-        return cls(settings, AdmissionClient(bootstrap, settings.controller_group), StreamBridge(bootstrap), GatewayDatabase(database_url),
-                   catalog, Follower(bootstrap, [MODELS], on_model, client_id="gateway-models"))
+        return cls(settings, AdmissionClient(bootstrap, settings.controller_group), StreamBridge(bootstrap),
+                   GatewayDatabase(database_url), catalog,
+                   Follower(bootstrap, [MODELS], on_model, client_id="gateway-models"))
 
     async def start(self) -> None:
         await self.db.start()
@@ -162,13 +163,22 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
         first = {"id": decision.generation_id, "requestId": body.request_id, "model": body.model,
                  "status": "admitted" if decision.http_status == 201 else decision.status,
                  "inputTokens": len(prompt.token_ids), "created": decision.http_status == 201}
+        gen_id = decision.generation_id
+        # A repeat of a generation older than this gateway's bridge is served from the projections.
+        seen = decision.http_status == 201 or gateway.bridge.view(gen_id) is not None
+        status = None if seen else await read_status(gateway.db, gateway.bridge, principal.tenant_id, gen_id)
+        if decision.http_status == 200:
+            view = gateway.bridge.view(gen_id)
+            first["status"] = status["status"] if status else (view.status if view else first["status"])
         if body.stream:
-            return StreamingResponse(stream_events(decision.generation_id, first), status_code=decision.http_status,
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        if wait:
-            return JSONResponse({**first, **await wait_for_end(decision.generation_id)},
-                                status_code=decision.http_status)
-        return JSONResponse(first, status_code=decision.http_status)
+            events = stream_events(gen_id, first) if status is None else replay_events(gen_id, {**first, **status})
+            return StreamingResponse(events, status_code=decision.http_status, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        if wait and status is None:
+            return JSONResponse({**first, **await wait_for_end(gen_id)}, status_code=decision.http_status)
+        if wait and status["status"] in TERMINAL:
+            return JSONResponse({**first, **status}, status_code=decision.http_status)
+        return JSONResponse(first if status is None else {**first, **status}, status_code=decision.http_status)
 
     @app.get("/v1/generations/{generation_id}")
     async def get_generation(generation_id: str, request: Request):
@@ -178,14 +188,39 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
             raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
         return status
 
+    async def replay_events(generation_id: str, status: dict):
+        """A stream this gateway did not see from its start: the resume buffer, then live events."""
+        yield sse("generation", status)
+        last_seq = 0
+        if status.get("epoch"):
+            for seq, token_ids, text in await gateway.db.stream_events(generation_id, status["epoch"]):
+                yield sse("token", {"seq": seq, "epoch": status["epoch"], "tokenIds": token_ids, "text": text})
+                last_seq = seq
+        if status["status"] in TERMINAL:
+            usage = status["usage"]
+            yield sse("final", {"id": generation_id, "reason": status["endReason"] or status["status"],
+                                "seq": last_seq + 1, "usageLabel": "interrupted" if status["status"] == "interrupted"
+                                else "final", "usage": usage})
+            return
+        async for kind, item in gateway.bridge.follow(generation_id, timeout_s=settings.admission_timeout_ms / 1000
+                                                      * 30, after_seq=last_seq):
+            if kind == "token":
+                yield sse("token", {"seq": item.seq, "epoch": item.epoch, "tokenIds": list(item.token_ids),
+                                    "text": item.text_delta})
+            elif kind == "final":
+                yield sse("final", final_payload(item, generation_id))
+            else:
+                yield sse("error", {"code": "stream_timeout", "message": "no final event in time", "details": {}})
+
     @app.get("/v1/generations/{generation_id}/events")
     async def generation_events(generation_id: str, request: Request):
         principal = await principal_of(request)
         status = await read_status(gateway.db, gateway.bridge, principal.tenant_id, generation_id)
         if status is None:
             raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
-        return StreamingResponse(stream_events(generation_id, status), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        events = stream_events(generation_id, status) if gateway.bridge.view(generation_id) is not None \
+            else replay_events(generation_id, status)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @app.post("/v1/generations/{generation_id}/cancel")
     async def cancel_generation(generation_id: str, request: Request):
@@ -199,7 +234,11 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
                            {"generationId": generation_id}, settings.retry_after_ms)
         if decision.http_status == 404:
             raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
-        return JSONResponse({"id": generation_id, "status": decision.status, "requestId": decision.request_id},
-                            status_code=decision.http_status)
+        status, end_reason = decision.status, None
+        if decision.http_status == 200:  # already ended: the controller reports how
+            end_reason = decision.status
+            status = "completed" if end_reason in ("completed", "output-limit") else end_reason
+        return JSONResponse({"id": generation_id, "status": status, "endReason": end_reason,
+                             "requestId": decision.request_id}, status_code=decision.http_status)
 
     return app

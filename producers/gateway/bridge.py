@@ -187,15 +187,17 @@ class StreamBridge:
                 elif now - view.terminal_at > KEEP_ENDED_S:
                     del self.views[gen_id]
 
-    async def follow(self, generation_id: str, timeout_s: float = 600.0):
-        """Yield ("token", TokensEmitted) in seq order, then ("final", FinalEvent); ("timeout", None) if it stalls."""
+    async def follow(self, generation_id: str, timeout_s: float = 600.0, after_seq: int = 0):
+        """Yield ("token", TokensEmitted) in seq order after `after_seq`, then ("final", FinalEvent);
+        ("timeout", None) if it stalls."""
         sent = 0
         deadline = self.clock() + timeout_s
         while True:
             view = self.views.get(generation_id)
             if view is not None:
                 while sent < len(view.tokens):
-                    yield "token", view.tokens[sent]
+                    if view.tokens[sent].seq > after_seq:
+                        yield "token", view.tokens[sent]
                     sent += 1
                 if view.final is not None:
                     yield "final", view.final

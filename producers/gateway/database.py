@@ -73,3 +73,11 @@ class GatewayDatabase:
         row = await self._fetchone(f"SELECT {', '.join(STATUS_COLUMNS)} FROM generations WHERE generation_id = %s",
                                    (generation_id,))
         return dict(zip(STATUS_COLUMNS, row)) if row else None
+
+    async def stream_events(self, generation_id: str, epoch: int) -> list[tuple[int, list[int], str]]:
+        """The resume buffer (projection of `llm.tokens`): (seq, token ids, text) of one epoch, in order."""
+        async with self.lock:
+            cur = await self.conn.execute(
+                "SELECT seq, token_ids, text_delta FROM stream_events WHERE generation_id = %s AND epoch = %s "
+                "AND NOT is_final ORDER BY seq", (generation_id, epoch))
+            return await cur.fetchall()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from consumers.kafka.groups import move_group_to_end
 from ledgerlm.settings import Settings
@@ -36,6 +36,7 @@ ENV = {
     "LEDGERLM_LEASE_CHECK_INTERVAL_MS": "100",
     "LEDGERLM_USAGE_REPORT_TOKENS": "4",
     "LEDGERLM_USAGE_REPORT_MS": "200",
+    "LEDGERLM_STREAM_FLUSH_MS": "0",  # one stream event per engine step: exact seqs to assert
     "LEDGERLM_RETRY_AFTER_MS": "1000",
     "LEDGERLM_ADMISSION_TIMEOUT_MS": "20000",
     "LEDGERLM_WORKER_DEVICE": "cpu",
@@ -87,7 +88,7 @@ async def versions(bootstrap, topics, model_dir) -> dict[str, str]:
     """Registered versions: `served` (shared workers), `drained`/`killable` (one test's own), `idle` (no worker)."""
     from producers.model_registry import register_model
 
-    names = {role: f"cp-{role}-{SESSION}@1" for role in ("served", "drained", "killable", "batch", "idle")}
+    names = {role: f"cp-{role}-{SESSION}@1" for role in ("served", "drained", "killable", "batch", "coalesced", "idle")}
     for name in names.values():
         await register_model(bootstrap, model_dir, name)
     return names

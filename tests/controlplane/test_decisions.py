@@ -180,6 +180,7 @@ def test_changelog_rebuilds_the_same_budgets(world):
     first = state.find("acme", log[0].generation_id)
     log += decider.release(state, ReleaseReservation(tenant_id="acme", generation_id=first.generation_id, epoch=1,
                                                      used_tokens=9), NOW).changelog
+    assert {record.plane for record in log} == {"ledgerlm-controller"}  # the runtime rebuilds its plane's only
     rebuilt = PartitionState(0)
     for record in log:
         rebuilt.apply_changelog(record)
@@ -195,3 +196,16 @@ def test_commands_the_gateway_gave_up_on_are_not_admitted(world):
     late = decider.submit(state, submit(), NOW + timedelta(seconds=30)).replies[0]
     assert (late.http_status, late.error_code) == (503, "command_expired")
     assert not state.tenant("acme").generations
+
+
+def test_batch_work_waiting_for_room_counts_against_queued_tokens(world):
+    decider, registry, state = world
+    decider.tenants["acme"] = TenantLimits(max_queued_tokens=100)
+    registry.observe(heartbeat("w1", free_blocks=2))  # 32 tokens of room
+    interactive = decider.submit(state, submit("i", max_output=60), NOW).replies[0]
+    first = decider.submit(state, submit("b1", max_output=60, tier="batch"), NOW)
+    second = decider.submit(state, submit("b2", max_output=60, tier="batch"), NOW).replies[0]
+    assert (interactive.http_status, interactive.error_code) == (503, "no_capacity")
+    assert first.replies[0].http_status == 201 and first.dispatch[0].tier == "batch"
+    assert first.changelog[-1].queued_tokens == 64 and state.tenant("acme").queued_tokens == 64
+    assert (second.http_status, second.error_code) == (429, "queued_tokens")

@@ -46,6 +46,11 @@ async def test_wait_returns_text_and_usage(gateway, worker, tenants, versions):
     assert done["status"] == "completed" and done["reason"] == "output-limit"
     assert done["usage"]["outputTokens"] == 6
     assert done["text"] == "".join(t.text_delta for t in view.tokens) and len(view.tokens) == 6
+    replay = parse_sse((await gateway.get(f"/v1/generations/{done['id']}/events",
+                                          headers=tenants["main"].headers)).text)
+    assert [k for k, _ in replay] == ["generation"] + ["token"] * 6 + ["final"]
+    assert "".join(e["text"] for k, e in replay if k == "token") == done["text"]
+    assert replay[-1][1]["usage"] == done["usage"]
 
 
 async def test_same_request_is_the_same_generation_and_a_changed_one_conflicts(gateway, worker, tenants, versions):
@@ -74,9 +79,15 @@ async def test_tenant_budget_429_with_jittered_retry_after_then_admitted_after_t
     assert refused.headers["Retry-After"] == "2" if error["details"]["retryAfterMs"] > 1000 else "1"
     bridge = gateway.gateway.bridge
     await wait_until(lambda: (v := bridge.view(first.json()["id"])) and v.final, 20, what="first generation end")
-    await asyncio.sleep(0.3)  # the worker's ReleaseReservation follows its final stream event
-    admitted = await gateway.post("/v1/generations", headers=headers, json=body(model=versions["served"]))
-    assert admitted.status_code == 201
+    # The worker's ReleaseReservation follows its final stream event; until the controller applied it, 429.
+    statuses = []
+    for _ in range(50):
+        retry = await gateway.post("/v1/generations", headers=headers, json=body(model=versions["served"]))
+        statuses.append(retry.status_code)
+        if retry.status_code != 429:
+            break
+        await asyncio.sleep(0.1)
+    assert statuses[-1] == 201 and set(statuses[:-1]) <= {429}
 
 
 async def test_no_ready_worker_for_the_version_is_503(gateway, controller, tenants, versions):
@@ -142,3 +153,18 @@ async def test_another_tenant_can_neither_read_nor_cancel(gateway, worker, tenan
     events = await gateway.get(f"/v1/generations/{gen_id}/events", headers=other)
     assert [r.status_code for r in (read, cancel, events)] == [404, 404, 404]
     assert read.json() == {"code": "not_found", "message": "no such generation", "details": {"generationId": gen_id}}
+
+
+async def test_coalesced_stream_events_carry_every_token_once_in_order(gateway, start_worker, controller, tenants,
+                                                                        versions):
+    await start_worker("coalesced", stream_flush_ms=40)
+    await asyncio.sleep(0.6)
+    done = (await gateway.post("/v1/generations?wait=true", headers=tenants["main"].headers,
+                               json=body(model=versions["coalesced"], maxOutputTokens=60))).json()
+    view = gateway.gateway.bridge.view(done["id"])
+    events = view.tokens
+    assert [e.seq for e in events] == list(range(1, len(events) + 1)) and view.final.seq == len(events) + 1
+    assert sum(len(e.token_ids) for e in events) == 60 and events[-1].token_count == 60
+    assert [e.token_count for e in events] == sorted({e.token_count for e in events})
+    assert len(events[0].token_ids) == 1  # the first token is not held back
+    assert "".join(e.text_delta for e in events) == done["text"] and done["usage"]["outputTokens"] == 60

@@ -78,3 +78,19 @@ async def test_batch_waits_on_a_full_worker_while_interactive_is_refused(gateway
     view = await wait_until(lambda: (v := bridge.view(waiting)) and v.final and v, 20, what="queued end")
     assert view.final.reason == "output-limit" and len(view.tokens) == 100 and view.worker_id == small.worker_id
     assert not small.waiting and small.free_blocks == 8
+
+
+async def test_commands_for_a_stale_epoch_are_ignored_and_counted(gateway, worker, tenants, versions, producer):
+    from schemas.dispatch import CancelAttempt
+
+    created = await gateway.post("/v1/generations", headers=tenants["main"].headers,
+                                 json=body(model=versions["served"], maxOutputTokens=300))
+    gen_id, bridge = created.json()["id"], gateway.gateway.bridge
+    await wait_until(lambda: (v := bridge.view(gen_id)) and v.tokens, 20, what="tokens")
+    before = worker.stale_commands
+    await publish(producer, "llm.dispatch", CancelAttempt(tenant_id=tenants["main"].tenant_id, generation_id=gen_id,
+                                                          epoch=2, worker_id=worker.worker_id))
+    await wait_until(lambda: worker.stale_commands == before + 1, 5, what="stale command counted")
+    assert worker.heartbeat().stale_commands == before + 1
+    view = await wait_until(lambda: (v := bridge.view(gen_id)) and v.final and v, 20, what="end")
+    assert view.final.reason == "output-limit" and len(view.tokens) == 300  # epoch 1 ran on untouched
