@@ -9,7 +9,9 @@ STAMP   := $(VENV)/.installed-stamp
 run: services
 	$(BIN)/ledgerlm up
 
-test: services
+# The tests start their own Kafka broker and PostgreSQL (fresh log and database each session,
+# under .ledgerlm/test-stack, own ports) so they never touch a running `make run` stack.
+test: system-deps venv
 	$(BIN)/python -m pytest -q
 
 venv: $(STAMP)

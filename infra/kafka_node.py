@@ -41,9 +41,9 @@ logger.apache.level = WARN
 class KafkaNode:
     """Resolves, formats, starts and stops the local broker; knows nothing of topics."""
 
-    def __init__(self, home: Path, heap: str = "768m") -> None:
+    def __init__(self, home: Path, heap: str = "768m", jars: Path | None = None) -> None:
         self.dir = home / "kafka"
-        self.jars = home / "kafka-jars"
+        self.jars = jars or home / "kafka-jars"
         self.heap = heap
 
     # -- preparation -------------------------------------------------------

@@ -25,7 +25,7 @@ class Endpoints:
 class LocalServices:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.kafka = KafkaNode(settings.home, settings.kafka_heap)
+        self.kafka = KafkaNode(settings.home, settings.kafka_heap, settings.kafka_jars)
         self.postgres = PostgresNode(settings.home, settings.postgres_database)
 
     def endpoints(self) -> Endpoints:

@@ -19,6 +19,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LEDGERLM_", extra="ignore")
 
     home: Path = Field(default=REPO_ROOT / ".ledgerlm", description="state, data and caches of local services")
+    kafka_jars: Path | None = Field(default=None, description="Maven-resolved Kafka jars; <home>/kafka-jars when unset")
     kafka_bootstrap: str | None = None
     database_url: str | None = None
 

@@ -11,23 +11,24 @@ from ledgerlm.settings import Settings
 
 
 @pytest.fixture(scope="session")
-def settings() -> Settings:
-    return Settings()
-
-
-@pytest.fixture(scope="session")
-def services(settings):
+def services():
     from infra.errors import InfraError
     from tests.services import start_services
 
     try:
-        running = start_services(settings)
+        running = start_services(Settings())
     except InfraError as exc:
         pytest.exit(f"real Kafka/PostgreSQL could not start, integration tests cannot run: {exc}", returncode=3)
-    os.environ.setdefault("LEDGERLM_KAFKA_BOOTSTRAP", running.endpoints.kafka_bootstrap)
-    os.environ.setdefault("LEDGERLM_DATABASE_URL", running.endpoints.database_url)
+    os.environ["LEDGERLM_KAFKA_BOOTSTRAP"] = running.endpoints.kafka_bootstrap
+    os.environ["LEDGERLM_DATABASE_URL"] = running.endpoints.database_url
     yield running.endpoints
     running.stop()
+
+
+@pytest.fixture(scope="session")
+def settings(services) -> Settings:
+    """Settings as every process of the session sees them: pointed at the session's services."""
+    return Settings()
 
 
 @pytest.fixture(scope="session")

@@ -41,12 +41,38 @@ def docker_reachable() -> bool:
         return False
 
 
+def test_stack_settings(settings: Settings) -> Settings:
+    """The test session's own local services: separate data and ports from a developer's `ledgerlm up`."""
+    return settings.model_copy(update={
+        "home": settings.home / "test-stack", "kafka_jars": settings.kafka_jars or settings.home / "kafka-jars",
+        "kafka_bootstrap": None, "database_url": None, "kafka_port": None, "kafka_controller_port": None,
+        "postgres_port": None})
+
+
 def start_services(settings: Settings) -> RunningServices:
     if settings.kafka_bootstrap and settings.database_url:
         return RunningServices(Endpoints(settings.kafka_bootstrap, settings.database_url), "external")
     if docker_reachable() and os.environ.get("LEDGERLM_TEST_LOCAL_SERVICES") != "1":
         return _start_containers()
-    return RunningServices(LocalServices(settings).up(), "local")
+    return _start_fresh_local(test_stack_settings(settings))
+
+
+def _start_fresh_local(settings: Settings) -> RunningServices:
+    """A fresh broker log and database every session: tests see only their own records, and the
+    replay audit reads a log as long as one session, not every session before it."""
+    local = LocalServices(settings)
+    local.down()
+    shutil.rmtree(settings.home, ignore_errors=True)
+    endpoints = local.up()
+    return RunningServices(endpoints, "local", (_Stopper(local),))
+
+
+class _Stopper:
+    def __init__(self, local: LocalServices) -> None:
+        self.local = local
+
+    def stop(self) -> None:
+        self.local.down()
 
 
 def _start_containers() -> RunningServices:

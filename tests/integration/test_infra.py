@@ -31,7 +31,9 @@ def test_status_json_reports_both_services_up(services):
 
 
 def test_up_twice_keeps_the_same_processes(services):
-    settings = Settings(kafka_bootstrap=None, database_url=None)
+    from tests.services import test_stack_settings
+
+    settings = test_stack_settings(Settings(kafka_bootstrap=None, database_url=None))
     local = LocalServices(settings)
     local.up()
     before = ServicesState.load(settings.state_file)
@@ -67,8 +69,7 @@ def test_old_java_is_refused(tmp_path, monkeypatch):
 
 
 def test_a_failed_format_reports_the_storage_tool_error(tmp_path, settings):
-    node = KafkaNode(tmp_path)
-    node.jars = settings.home / "kafka-jars"
+    node = KafkaNode(tmp_path, jars=settings.home / "kafka-jars")
     node.resolve_jars()
     node.dir.mkdir(parents=True)
     bad = node.dir / "server.properties"
