@@ -42,10 +42,17 @@ class UsageSummary:
         }
 
 
-def tenant_usage(conn: psycopg.Connection, tenant_id: str, start: datetime, end: datetime) -> UsageSummary:
-    """Sealed (billed) usage of one tenant in hourly buckets with start <= hour < end."""
-    rows = conn.execute(
-        "SELECT hour, generations, input_tokens, cached_input_tokens, output_tokens FROM tenant_usage_hourly "
-        "WHERE tenant_id = %s AND hour >= date_trunc('hour', %s::timestamptz AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' "
-        "AND hour < %s ORDER BY hour", (tenant_id, start, end)).fetchall()
+# Parameters: tenant id, start, end. Buckets whose hour starts in [hour of start, end).
+TENANT_USAGE_SQL = (
+    "SELECT hour, generations, input_tokens, cached_input_tokens, output_tokens FROM tenant_usage_hourly "
+    "WHERE tenant_id = %s AND hour >= date_trunc('hour', %s::timestamptz AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' "
+    "AND hour < %s ORDER BY hour")
+
+
+def summarize(tenant_id: str, start: datetime, end: datetime, rows: list[tuple]) -> UsageSummary:
     return UsageSummary(tenant_id, start, end, tuple(UsageHour(*row) for row in rows))
+
+
+def tenant_usage(conn: psycopg.Connection, tenant_id: str, start: datetime, end: datetime) -> UsageSummary:
+    """Sealed (billed) usage of one tenant in hourly buckets (sync form; the gateway runs the same SQL async)."""
+    return summarize(tenant_id, start, end, conn.execute(TENANT_USAGE_SQL, (tenant_id, start, end)).fetchall())

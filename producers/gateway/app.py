@@ -4,6 +4,7 @@
     GET  /v1/generations/{id}          status (404 for unknown or another tenant's id)
     GET  /v1/generations/{id}/events   SSE stream of the generation (token events, then the final event)
     POST /v1/generations/{id}/cancel   202 canceling | 200 already ended | 404
+    GET  /v1/usage?from=&to=           the caller's sealed usage per hour (from the billing projection)
 
 The tenant comes from the API key (`Authorization: Bearer <key>`), never the body.
 """
@@ -14,9 +15,10 @@ import json
 import logging
 import time
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from dataclasses import dataclass
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from consumers.kafka.follower import Follower
@@ -221,6 +223,21 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
         events = stream_events(generation_id, status) if gateway.bridge.view(generation_id) is not None \
             else replay_events(generation_id, status)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/v1/usage")
+    async def usage(request: Request, start: datetime | None = Query(None, alias="from"),
+                    end: datetime | None = Query(None, alias="to")):
+        """The caller's sealed (billed) usage in hourly buckets; default: the last 24 hours."""
+        principal = await principal_of(request)
+        end = end or datetime.now(UTC)
+        start = start or end - timedelta(hours=24)
+        if start.tzinfo is None or end.tzinfo is None:
+            raise ApiError(400, "invalid_request", "from/to need a UTC offset (e.g. 2026-11-29T10:00:00Z)",
+                           {"fields": ["from", "to"]})
+        if start >= end:
+            raise ApiError(400, "invalid_request", "from must be before to", {"fields": ["from", "to"]})
+        summary = await gateway.db.tenant_usage(principal.tenant_id, start, end)
+        return summary.as_json()
 
     @app.post("/v1/generations/{generation_id}/cancel")
     async def cancel_generation(generation_id: str, request: Request):

@@ -62,12 +62,24 @@ class GatewayDatabase:
         cached = self._auth.get(key_hash)
         if cached is not None and time.monotonic() - cached[0] < AUTH_CACHE_S:
             return cached[1]
-        row = await self._fetchone(
-            "SELECT t.tenant_id, t.max_tokens_in_flight, t.tokens_per_minute FROM api_keys k "
-            "JOIN tenants t USING (tenant_id) WHERE k.key_hash = %s AND k.revoked_at IS NULL", (key_hash,))
-        principal = Principal(row[0], int(row[1]), int(row[2])) if row else None
+        async with self.lock:
+            cur = await self.conn.execute(
+                "SELECT t.tenant_id, t.max_tokens_in_flight, t.tokens_per_minute FROM api_keys k "
+                "JOIN tenants t USING (tenant_id) WHERE k.key_hash = %s AND k.revoked_at IS NULL LIMIT 2",
+                (key_hash,))
+            rows = await cur.fetchall()
+        # A hash two tenants claim is ambiguous: it authenticates nobody (as producers.api_keys.authenticate).
+        principal = Principal(rows[0][0], int(rows[0][1]), int(rows[0][2])) if len(rows) == 1 else None
         self._auth[key_hash] = (time.monotonic(), principal)
         return principal
+
+    async def tenant_usage(self, tenant_id: str, start, end):
+        from projections.queries import TENANT_USAGE_SQL, summarize
+
+        async with self.lock:
+            cur = await self.conn.execute(TENANT_USAGE_SQL, (tenant_id, start, end))
+            rows = await cur.fetchall()
+        return summarize(tenant_id, start, end, rows)
 
     async def generation(self, generation_id: str) -> dict | None:
         row = await self._fetchone(f"SELECT {', '.join(STATUS_COLUMNS)} FROM generations WHERE generation_id = %s",
