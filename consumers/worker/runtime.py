@@ -300,13 +300,18 @@ class Worker:
 
     async def _heartbeats(self) -> None:
         interval = self.settings.heartbeat_interval_ms / 1000
+        # Fence one check early: the controller counts the lease from the heartbeat, not from our
+        # acknowledgement of it, and this loop only looks every `interval`. Fencing late would let
+        # a watermark follow the controller's Interrupted.
+        fence_after = max(self.settings.lease_ms / 1000 - interval, interval)
         while True:
+            sent_at = time.monotonic()
             try:
                 await asyncio.wait_for(self.send_heartbeat(), timeout=interval * 2)
-                self.last_heartbeat_ok = time.monotonic()
+                self.last_heartbeat_ok = sent_at
             except Exception as exc:  # the broker may be away; the lease decides what that means
                 log.warning("heartbeat failed worker=%s error=%s", self.worker_id, type(exc).__name__)
-            if time.monotonic() - self.last_heartbeat_ok > self.settings.lease_ms / 1000:
+            if time.monotonic() - self.last_heartbeat_ok > fence_after:
                 self.fence_all()
             if self.waiting:
                 await self.start_waiting()  # deadlines pass even when nothing finishes
