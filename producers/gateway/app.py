@@ -5,6 +5,7 @@
     GET  /v1/generations/{id}/events   SSE stream of the generation (token events, then the final event)
     POST /v1/generations/{id}/cancel   202 canceling | 200 already ended | 404
     GET  /v1/usage?from=&to=           the caller's sealed usage per hour (from the billing projection)
+    /v1/models, /v1/completions, /v1/chat/completions   OpenAI-compatible (`openai_api.py`)
 
 The tenant comes from the API key (`Authorization: Bearer <key>`), never the body.
 """
@@ -23,7 +24,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from consumers.kafka.follower import Follower
 from ledgerlm.settings import Settings
-from producers.gateway import errors
+from producers.gateway import errors, openai_api
 from producers.gateway.admission import AdmissionClient
 from producers.gateway.bridge import FinalEvent, StreamBridge
 from producers.gateway.database import GatewayDatabase, Principal
@@ -31,9 +32,9 @@ from producers.gateway.errors import ApiError
 from producers.gateway.prompts import ModelCatalog
 from producers.gateway.requests import GenerationRequest
 from producers.gateway.status import TERMINAL, read_status
-from schemas.commands import CancelGeneration, SubmitGeneration
+from producers.gateway.submit import submit_generation
+from schemas.commands import CancelGeneration
 from schemas.registry_events import ModelVersionRegistered
-from schemas.replies import AdmissionDecision
 from schemas.topics import MODELS
 
 log = logging.getLogger(__name__)
@@ -85,13 +86,6 @@ def final_payload(final: FinalEvent, generation_id: str) -> dict:
     return {"id": generation_id, "reason": final.reason, "seq": final.seq, "usageLabel": final.usage_label,
             "usage": {"inputTokens": usage.processed_input_tokens, "cachedInputTokens": usage.cached_input_tokens,
                       "outputTokens": usage.generated_output_tokens}}
-
-
-def decision_error(decision: AdmissionDecision) -> ApiError:
-    details = {k: v for k, v in (("requestId", decision.request_id), ("generationId", decision.generation_id))
-               if v is not None}
-    return ApiError(decision.http_status, decision.error_code or decision.outcome, decision.reason or decision.outcome,
-                    details, decision.retry_after_ms)
 
 
 def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI:
@@ -148,20 +142,7 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
         principal = await principal_of(request)
         started = time.perf_counter()
         prompt = await asyncio.to_thread(gateway.catalog.render, body, principal.max_tokens_per_request)
-        command = SubmitGeneration(
-            tenant_id=principal.tenant_id, request_id=body.request_id, gateway_id=gateway.admission.gateway_id,
-            correlation_id=gateway.admission.correlation_id(), model_version=body.model,
-            input_token_ids=prompt.token_ids, max_output_tokens=body.max_output_tokens, sampling=prompt.sampling,
-            tier=body.tier, payload_hash=prompt.payload_hash, plane=settings.controller_group)
-        decision = await gateway.admission.decide(command, timeout_s)
-        if decision is None:
-            raise ApiError(503, "controller_unavailable", "no admission decision in time",
-                           {"requestId": body.request_id}, settings.retry_after_ms)
-        log.info("admission tenant=%s request=%s status=%d input_tokens=%d ms=%.1f", principal.tenant_id,
-                 body.request_id, decision.http_status, len(prompt.token_ids),
-                 (time.perf_counter() - started) * 1000)
-        if decision.http_status not in (200, 201):
-            raise decision_error(decision)
+        decision = await submit_generation(gateway.admission, settings, principal, body, prompt, started)
         first = {"id": decision.generation_id, "requestId": body.request_id, "model": body.model,
                  "status": "admitted" if decision.http_status == 201 else decision.status,
                  "inputTokens": len(prompt.token_ids), "created": decision.http_status == 201}
@@ -258,4 +239,5 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
         return JSONResponse({"id": generation_id, "status": status, "endReason": end_reason,
                              "requestId": decision.request_id}, status_code=decision.http_status)
 
+    app.include_router(openai_api.router(gateway))
     return app

@@ -1,0 +1,46 @@
+"""Admission of one generation: publish `SubmitGeneration`, await the controller's decision.
+
+Shared by the native API and the OpenAI-compatible one, so both admit by the
+same rules and answer the same statuses.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from ledgerlm.settings import Settings
+from producers.gateway.admission import AdmissionClient
+from producers.gateway.database import Principal
+from producers.gateway.errors import ApiError
+from producers.gateway.prompts import EffectivePrompt
+from producers.gateway.requests import GenerationRequest
+from schemas.commands import SubmitGeneration
+from schemas.replies import AdmissionDecision
+
+log = logging.getLogger(__name__)
+
+
+def decision_error(decision: AdmissionDecision) -> ApiError:
+    details = {k: v for k, v in (("requestId", decision.request_id), ("generationId", decision.generation_id))
+               if v is not None}
+    return ApiError(decision.http_status, decision.error_code or decision.outcome, decision.reason or decision.outcome,
+                    details, decision.retry_after_ms)
+
+
+async def submit_generation(admission: AdmissionClient, settings: Settings, principal: Principal,
+                            body: GenerationRequest, prompt: EffectivePrompt, started: float) -> AdmissionDecision:
+    """The admitting decision (201 new, 200 existing); ApiError for every other answer or none in time."""
+    command = SubmitGeneration(
+        tenant_id=principal.tenant_id, request_id=body.request_id, gateway_id=admission.gateway_id,
+        correlation_id=admission.correlation_id(), model_version=body.model,
+        input_token_ids=prompt.token_ids, max_output_tokens=body.max_output_tokens, sampling=prompt.sampling,
+        tier=body.tier, payload_hash=prompt.payload_hash, plane=settings.controller_group)
+    decision = await admission.decide(command, settings.admission_timeout_ms / 1000)
+    if decision is None:
+        raise ApiError(503, "controller_unavailable", "no admission decision in time",
+                       {"requestId": body.request_id}, settings.retry_after_ms)
+    log.info("admission tenant=%s request=%s status=%d input_tokens=%d ms=%.1f", principal.tenant_id,
+             body.request_id, decision.http_status, len(prompt.token_ids), (time.perf_counter() - started) * 1000)
+    if decision.http_status not in (200, 201):
+        raise decision_error(decision)
+    return decision
