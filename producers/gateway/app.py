@@ -112,9 +112,9 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
             raise ApiError(401, "unauthorized", "a valid API key is required (Authorization: Bearer <key>)")
         return principal
 
-    async def stream_events(generation_id: str, first: dict):
-        yield sse("generation", first)
-        async for kind, item in gateway.bridge.follow(generation_id):
+    async def live_events(generation_id: str, **follow):
+        """The bridge's token and final events of one generation, as SSE."""
+        async for kind, item in gateway.bridge.follow(generation_id, **follow):
             if kind == "token":
                 yield sse("token", {"seq": item.seq, "epoch": item.epoch, "tokenIds": list(item.token_ids),
                                     "text": item.text_delta})
@@ -122,6 +122,11 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
                 yield sse("final", final_payload(item, generation_id))
             else:
                 yield sse("error", {"code": "stream_timeout", "message": "no final event in time", "details": {}})
+
+    async def stream_events(generation_id: str, first: dict):
+        yield sse("generation", first)
+        async for event in live_events(generation_id):
+            yield event
 
     async def wait_for_end(generation_id: str) -> dict:
         text: list[str] = []
@@ -185,15 +190,9 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
                                 "seq": last_seq + 1, "usageLabel": "interrupted" if status["status"] == "interrupted"
                                 else "final", "usage": usage})
             return
-        async for kind, item in gateway.bridge.follow(generation_id, timeout_s=settings.admission_timeout_ms / 1000
-                                                      * 30, after_seq=last_seq):
-            if kind == "token":
-                yield sse("token", {"seq": item.seq, "epoch": item.epoch, "tokenIds": list(item.token_ids),
-                                    "text": item.text_delta})
-            elif kind == "final":
-                yield sse("final", final_payload(item, generation_id))
-            else:
-                yield sse("error", {"code": "stream_timeout", "message": "no final event in time", "details": {}})
+        async for event in live_events(generation_id, timeout_s=settings.admission_timeout_ms / 1000 * 30,
+                                       after_seq=last_seq):
+            yield event
 
     @app.get("/v1/generations/{generation_id}/events")
     async def generation_events(generation_id: str, request: Request):
