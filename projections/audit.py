@@ -61,12 +61,12 @@ async def audit_replay(bootstrap: str, database_url: str, settings: Settings) ->
     tag = uuid.uuid4().hex[:10]
     live, shadow = f"audit_{tag}_live", f"audit_{tag}_shadow"
     try:
-        offsets = snapshot_live(database_url, live, tables)
+        offsets = snapshot_live(database_url, live, tables, [p.name for p in projections])
         runner.upgrade(database_url, schema=shadow)
-        lag = await live_lag(bootstrap, offsets, [p.topic for p in projections])
+        lag = await live_lag(bootstrap, offsets, projections)
         replayed: dict[str, int] = {}
         for projection in projections:
-            targets = {tp: off for tp, off in offsets.items() if tp.topic == projection.topic}
+            targets = {tp: off for (name, tp), off in offsets.items() if name == projection.name}
             projector = Projector(bootstrap, database_url, [projection], schema=shadow)
             try:
                 stats = await projector.catch_up(targets) if targets else None
@@ -85,29 +85,38 @@ async def audit_replay(bootstrap: str, database_url: str, settings: Settings) ->
             conn.execute(f'DROP SCHEMA IF EXISTS "{shadow}" CASCADE')
 
 
-def snapshot_live(database_url: str, copy_schema: str, tables: list[str]) -> dict[TopicPartition, int]:
+def snapshot_live(database_url: str, copy_schema: str, tables: list[str],
+                  projections: list[str]) -> dict[tuple[str, TopicPartition], int]:
+    """Copy the live tables at one instant; return each projection's stored offsets at that instant.
+
+    Only the offsets of the projections being audited are copied and compared: another
+    consumer that keeps its position in the same table is none of this audit's business.
+    """
     with psycopg.connect(database_url) as conn:
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         with conn.transaction():
             conn.execute(f'CREATE SCHEMA "{copy_schema}"')
             for table in tables:
-                conn.execute(f'CREATE TABLE "{copy_schema}".{table} AS SELECT * FROM public.{table}')
-            rows = conn.execute("SELECT topic, partition, next_offset FROM public.projection_offsets").fetchall()
-    return {TopicPartition(topic, partition): offset for topic, partition, offset in rows}
+                where = " WHERE projection = ANY(%s)" if table == "projection_offsets" else ""
+                conn.execute(f'CREATE TABLE "{copy_schema}".{table} AS SELECT * FROM public.{table}{where}',
+                             (projections,) if where else None)
+            rows = conn.execute("SELECT projection, topic, partition, next_offset FROM public.projection_offsets "
+                                "WHERE projection = ANY(%s)", (projections,)).fetchall()
+    return {(name, TopicPartition(topic, partition)): offset for name, topic, partition, offset in rows}
 
 
-async def live_lag(bootstrap: str, offsets: dict[TopicPartition, int], topics: list[str]) -> dict[str, int]:
+async def live_lag(bootstrap: str, offsets: dict[tuple[str, TopicPartition], int], projections) -> dict[str, int]:
     consumer = make_consumer(bootstrap)
     await consumer.start()
     try:
-        partitions = [tp for topic in topics for tp in await partitions_of(consumer, topic)]
-        ends = await consumer.end_offsets(partitions)
+        lag: dict[str, int] = {}
+        for projection in projections:
+            partitions = await partitions_of(consumer, projection.topic)
+            ends = await consumer.end_offsets(partitions)
+            lag[projection.name] = sum(max(0, ends[tp] - offsets.get((projection.name, tp), 0)) for tp in partitions)
+        return lag
     finally:
         await consumer.stop()
-    lag: dict[str, int] = {}
-    for tp in partitions:
-        lag[tp.topic] = lag.get(tp.topic, 0) + max(0, ends[tp] - offsets.get(tp, 0))
-    return lag
 
 
 def finish_trimming(database_url: str, schema: str, buffers: list[StreamBufferProjection]) -> None:

@@ -111,6 +111,9 @@ async def test_events_of_an_aborted_transaction_never_appear(bootstrap, projecti
 async def test_audit_finds_a_tampered_row_and_exits_1(emit, bootstrap, scratch_database_url):
     done, _, _ = await workload(emit)
     assert run_projector(bootstrap, scratch_database_url, "project", "--once").returncode == 0
+    with psycopg.connect(scratch_database_url) as conn:  # another consumer's positions in the same table
+        for partition in range(6):
+            conn.execute("INSERT INTO projection_offsets VALUES ('someone-else', %s, %s, 1)", (GENERATIONS, partition))
     report = await audit_replay(bootstrap, scratch_database_url, Settings())
     assert report.differences == 0 and report.replayed["generations"] > 0, json.dumps(report.as_dict())[:3000]
     with psycopg.connect(scratch_database_url) as conn:
