@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     usage_report_ms: int = Field(default=500, ge=1, description="... or every T ms, whichever first")
     stream_flush_ms: int = Field(default=20, ge=0,
                                  description="coalesce a stream's tokens into one event per T ms (0: one per step)")
+    stream_queue_events: int = Field(default=256, ge=1,
+                                     description="events one stream connection may have waiting before it is "
+                                                 "ended as a slow consumer")
 
     @property
     def state_file(self) -> Path:

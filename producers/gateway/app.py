@@ -2,7 +2,7 @@
 
     POST /v1/generations               201 new | 200 existing | 400 | 401 | 404 model | 409 | 429 | 503
     GET  /v1/generations/{id}          status (404 for unknown or another tenant's id)
-    GET  /v1/generations/{id}/events   SSE stream of the generation (token events, then the final event)
+    GET  /v1/generations/{id}/events   SSE stream of the generation; resumes after Last-Event-ID / ?after= (streams.py)
     POST /v1/generations/{id}/cancel   202 canceling | 200 already ended | 404
     GET  /v1/usage?from=&to=           the caller's sealed usage per hour (from the billing projection)
     /v1/models, /v1/completions, /v1/chat/completions   OpenAI-compatible (`openai_api.py`)
@@ -12,26 +12,28 @@ The tenant comes from the API key (`Authorization: Bearer <key>`), never the bod
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from dataclasses import dataclass
 
-from fastapi import FastAPI, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import FastAPI, Query, Request, WebSocket
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from consumers.kafka.follower import Follower
 from ledgerlm.settings import Settings
 from producers.gateway import errors, openai_api
 from producers.gateway.admission import AdmissionClient
-from producers.gateway.bridge import FinalEvent, StreamBridge
+from producers.gateway.bridge import StreamBridge
 from producers.gateway.database import GatewayDatabase, Principal
 from producers.gateway.errors import ApiError
 from producers.gateway.prompts import ModelCatalog
 from producers.gateway.requests import GenerationRequest
 from producers.gateway.status import TERMINAL, read_status
+from producers.gateway.streams import (
+    BoundedDelivery, close_with_error, final_payload, follow_live, open_source, parse_cursor, serve_websocket, sse_body,
+)
 from producers.gateway.submit import submit_generation
 from schemas.commands import CancelGeneration
 from schemas.registry_events import ModelVersionRegistered
@@ -77,17 +79,6 @@ class Gateway:
         await self.db.stop()
 
 
-def sse(event: str, data: dict) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
-
-
-def final_payload(final: FinalEvent, generation_id: str) -> dict:
-    usage = final.usage
-    return {"id": generation_id, "reason": final.reason, "seq": final.seq, "usageLabel": final.usage_label,
-            "usage": {"inputTokens": usage.processed_input_tokens, "cachedInputTokens": usage.cached_input_tokens,
-                      "outputTokens": usage.generated_output_tokens}}
-
-
 def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI:
     gateway = Gateway.create(settings, bootstrap, database_url)
 
@@ -112,21 +103,11 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
             raise ApiError(401, "unauthorized", "a valid API key is required (Authorization: Bearer <key>)")
         return principal
 
-    async def live_events(generation_id: str, **follow):
-        """The bridge's token and final events of one generation, as SSE."""
-        async for kind, item in gateway.bridge.follow(generation_id, **follow):
-            if kind == "token":
-                yield sse("token", {"seq": item.seq, "epoch": item.epoch, "tokenIds": list(item.token_ids),
-                                    "text": item.text_delta})
-            elif kind == "final":
-                yield sse("final", final_payload(item, generation_id))
-            else:
-                yield sse("error", {"code": "stream_timeout", "message": "no final event in time", "details": {}})
-
-    async def stream_events(generation_id: str, first: dict):
-        yield sse("generation", first)
-        async for event in live_events(generation_id):
-            yield event
+    def event_stream(generation_id: str, first: dict, source, after: int, status_code: int = 200):
+        """SSE of `source` behind this connection's bounded queue (see streams.py)."""
+        delivery = BoundedDelivery(source, gateway.settings.stream_queue_events, after, generation_id)
+        return StreamingResponse(sse_body(first, delivery), status_code=status_code, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
 
     async def wait_for_end(generation_id: str) -> dict:
         text: list[str] = []
@@ -159,9 +140,14 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
             view = gateway.bridge.view(gen_id)
             first["status"] = status["status"] if status else (view.status if view else first["status"])
         if body.stream:
-            events = stream_events(gen_id, first) if status is None else replay_events(gen_id, {**first, **status})
-            return StreamingResponse(events, status_code=decision.http_status, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            if status is None:
+                source = follow_live(gateway.bridge, gateway.db, gen_id, 0)
+            else:
+                status = {**first, **status}
+                source = await open_source(gateway.bridge, gateway.db, gen_id, status, 0)
+            if source is None:
+                return Response(status_code=204)
+            return event_stream(gen_id, first if status is None else status, source, 0, decision.http_status)
         if wait and status is None:
             return JSONResponse({**first, **await wait_for_end(gen_id)}, status_code=decision.http_status)
         if wait and status["status"] in TERMINAL:
@@ -176,33 +162,43 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
             raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
         return status
 
-    async def replay_events(generation_id: str, status: dict):
-        """A stream this gateway did not see from its start: the resume buffer, then live events."""
-        yield sse("generation", status)
-        last_seq = 0
-        if status.get("epoch"):
-            for seq, token_ids, text in await gateway.db.stream_events(generation_id, status["epoch"]):
-                yield sse("token", {"seq": seq, "epoch": status["epoch"], "tokenIds": token_ids, "text": text})
-                last_seq = seq
-        if status["status"] in TERMINAL:
-            usage = status["usage"]
-            yield sse("final", {"id": generation_id, "reason": status["endReason"] or status["status"],
-                                "seq": last_seq + 1, "usageLabel": "interrupted" if status["status"] == "interrupted"
-                                else "final", "usage": usage})
-            return
-        async for event in live_events(generation_id, timeout_s=settings.admission_timeout_ms / 1000 * 30,
-                                       after_seq=last_seq):
-            yield event
-
     @app.get("/v1/generations/{generation_id}/events")
-    async def generation_events(generation_id: str, request: Request):
+    async def generation_events(generation_id: str, request: Request, after: str | None = None):
+        """SSE; each event's `id` is its seq, so `Last-Event-ID` (or `?after=SEQ`) resumes after it."""
         principal = await principal_of(request)
         status = await read_status(gateway.db, gateway.bridge, principal.tenant_id, generation_id)
         if status is None:
             raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
-        events = stream_events(generation_id, status) if gateway.bridge.view(generation_id) is not None \
-            else replay_events(generation_id, status)
-        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        cursor = parse_cursor(request.headers.get("last-event-id"), after)
+        source = await open_source(gateway.bridge, gateway.db, generation_id, status, cursor)
+        if source is None:  # the client holds the final event; 204 also stops an EventSource reconnecting
+            return Response(status_code=204)
+        return event_stream(generation_id, status, source, cursor)
+
+    @app.websocket("/v1/generations/{generation_id}/stream")
+    async def generation_stream(websocket: WebSocket, generation_id: str, after: str | None = None,
+                                api_key: str | None = None):
+        """The events stream as WebSocket JSON messages; `?after=SEQ` resumes; key by header or `?api_key=`."""
+        await websocket.accept()
+        header = websocket.headers.get("authorization", "")
+        principal = await gateway.db.authenticate(header[7:].strip() if header.lower().startswith("bearer ")
+                                                  else api_key)
+        try:
+            if principal is None:
+                raise ApiError(401, "unauthorized", "a valid API key is required (Authorization or ?api_key=)")
+            status = await read_status(gateway.db, gateway.bridge, principal.tenant_id, generation_id)
+            if status is None:
+                raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
+            cursor = parse_cursor(None, after)
+            source = await open_source(gateway.bridge, gateway.db, generation_id, status, cursor)
+        except ApiError as error:
+            await close_with_error(websocket, error)
+            return
+        if source is None:
+            await websocket.close(1000, "end")
+            return
+        delivery = BoundedDelivery(source, gateway.settings.stream_queue_events, cursor, generation_id)
+        await serve_websocket(websocket, status, delivery)
 
     @app.get("/v1/usage")
     async def usage(request: Request, start: datetime | None = Query(None, alias="from"),

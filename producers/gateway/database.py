@@ -24,6 +24,15 @@ class Principal:
         return min(self.max_tokens_in_flight, self.tokens_per_minute)
 
 
+@dataclass(frozen=True)
+class StreamProgress:
+    epoch: int
+    last_seq: int
+    oldest_seq: int  # the first seq still retained (last_seq + 1 once an ended buffer is dropped)
+    token_count: int
+    end_reason: str | None
+
+
 STATUS_COLUMNS = ("generation_id", "tenant_id", "request_id", "model_version", "status", "tier", "current_epoch",
                   "worker_id", "cancel_requested", "end_reason", "input_tokens", "max_output_tokens",
                   "processed_input_tokens", "cached_input_tokens", "generated_output_tokens", "admitted_at",
@@ -86,10 +95,29 @@ class GatewayDatabase:
                                    (generation_id,))
         return dict(zip(STATUS_COLUMNS, row)) if row else None
 
-    async def stream_events(self, generation_id: str, epoch: int) -> list[tuple[int, list[int], str]]:
-        """The resume buffer (projection of `llm.tokens`): (seq, token ids, text) of one epoch, in order."""
+    async def stream_events(self, generation_id: str, epoch: int,
+                            after_seq: int = 0) -> list[tuple[int, list[int], str]]:
+        """The resume buffer (projection of `llm.tokens`): (seq, token ids, text) of one epoch after a seq, in order."""
         async with self.lock:
             cur = await self.conn.execute(
                 "SELECT seq, token_ids, text_delta FROM stream_events WHERE generation_id = %s AND epoch = %s "
-                "AND NOT is_final ORDER BY seq", (generation_id, epoch))
+                "AND NOT is_final AND seq > %s ORDER BY seq", (generation_id, epoch, after_seq))
             return await cur.fetchall()
+
+    async def stream_rows(self, generation_id: str, epoch: int,
+                          after_seq: int) -> list[tuple[int, list[int], str, int]]:
+        """The resume buffer after a seq as (seq, token ids, text, token count so far), read in one snapshot."""
+        async with self.lock:
+            cur = await self.conn.execute(
+                "SELECT e.seq, e.token_ids, e.text_delta, p.token_count - COALESCE(sum(cardinality(e.token_ids)) "
+                "OVER (ORDER BY e.seq DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) "
+                "FROM stream_events e JOIN stream_progress p ON p.generation_id = e.generation_id "
+                "AND p.epoch = e.epoch WHERE e.generation_id = %s AND e.epoch = %s AND e.seq > %s "
+                "AND NOT e.is_final ORDER BY e.seq", (generation_id, epoch, after_seq))
+            return await cur.fetchall()
+
+    async def stream_progress(self, generation_id: str) -> StreamProgress | None:
+        """What the resume buffer holds of a generation's newest epoch (None: nothing projected yet)."""
+        row = await self._fetchone("SELECT epoch, last_seq, oldest_seq, token_count, end_reason FROM stream_progress "
+                                   "WHERE generation_id = %s", (generation_id,))
+        return StreamProgress(*row) if row else None

@@ -1,0 +1,294 @@
+"""Native streams of one generation: resume cursors, the event source, and a bounded queue per connection.
+
+    resume buffer (Postgres) ──┐
+                               ├──▶ source ──fill──▶ bounded queue ──▶ one client
+    bridge view (llm.tokens) ──┘        (at most stream_queue_events)
+
+A cursor is the seq of the last event a client holds (SSE `id:` / `Last-Event-ID`,
+or `?after=`). The events after it come from the bridge's in-memory view when
+that view holds them all; otherwise from the resume buffer first and the bridge
+after, the buffer filling any hole between the two, so nothing is skipped or
+repeated. A cursor older than both is refused as `cursor_expired`.
+
+The queue bounds what one connection can make the server hold: the source stops
+at the bound and the stream ends with a `slow_consumer` error naming the last
+seq sent, from which the client resumes.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import WebSocket
+
+from producers.gateway.bridge import FinalEvent, GenerationView, StreamBridge
+from producers.gateway.database import GatewayDatabase
+from producers.gateway.errors import ApiError
+from producers.gateway.status import TERMINAL
+
+log = logging.getLogger(__name__)
+
+FOLLOW_TIMEOUT_S = 600.0
+GAP_WAIT_S = 5.0  # how long a hole between buffer and bridge may wait for the projector before it is an error
+# A full queue waits this long for the client to take an event before the client is a slow consumer, so a
+# replay of a long stream (bursts far past the bound) is not cut short for a client that keeps reading.
+SLOW_CONSUMER_GRACE_S = 1.0
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    kind: str  # "token" | "final" | "error"
+    data: dict
+    seq: int | None = None
+
+    def as_message(self) -> dict:
+        """The WebSocket form: the SSE event name as `type`, then its data."""
+        return {"type": self.kind, **self.data}
+
+
+def sse(event: str, data: dict, event_id: int | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def final_payload(final: FinalEvent, generation_id: str) -> dict:
+    usage = final.usage
+    return {"id": generation_id, "reason": final.reason, "seq": final.seq, "usageLabel": final.usage_label,
+            "usage": {"inputTokens": usage.processed_input_tokens, "cachedInputTokens": usage.cached_input_tokens,
+                      "outputTokens": usage.generated_output_tokens}}
+
+
+def token_event(generation_id: str, epoch: int, seq: int, token_ids, text: str, token_count: int) -> StreamEvent:
+    return StreamEvent("token", {"generationId": generation_id, "epoch": epoch, "seq": seq,
+                                 "tokenIds": list(token_ids), "text": text, "textDelta": text,
+                                 "tokenCount": token_count}, seq)
+
+
+def parse_cursor(last_event_id: str | None, after: str | None) -> int:
+    """The seq a client already holds; `Last-Event-ID` (sent by a reconnecting EventSource) wins over `?after=`."""
+    raw = last_event_id if last_event_id not in (None, "") else after
+    if raw in (None, ""):
+        return 0
+    try:
+        cursor = int(raw)
+    except ValueError:
+        cursor = -1
+    if cursor < 0:
+        raise ApiError(400, "invalid_request", "after / Last-Event-ID must be a seq (an integer >= 0)",
+                       {"fields": ["after"]})
+    return cursor
+
+
+def holds_after(view: GenerationView, after: int) -> bool:
+    """Whether the bridge's view has every event after `after` (it saw the admission, or its first seq is next)."""
+    if view.request_id is not None:
+        return True
+    return bool(view.tokens) and view.tokens[0].seq <= after + 1
+
+
+async def open_source(bridge: StreamBridge, db: GatewayDatabase, generation_id: str, status: dict,
+                      after: int) -> AsyncIterator[StreamEvent] | None:
+    """The events after `after`; None when the client already holds the final one.
+
+    Raises ApiError 410 `cursor_expired` before anything is sent when neither the
+    bridge nor the resume buffer holds the event after the cursor.
+    """
+    view = bridge.view(generation_id)
+    if view is not None and holds_after(view, after):
+        if view.final is not None and view.final.seq <= after:
+            return None
+        return follow_live(bridge, db, generation_id, after)
+    progress = await db.stream_progress(generation_id)
+    epoch = status.get("epoch")
+    if progress is not None and progress.epoch == epoch and after < progress.oldest_seq - 1:
+        log.info("cursor expired generation=%s after=%d oldest=%d", generation_id, after, progress.oldest_seq)
+        raise ApiError(410, "cursor_expired", "the events after this cursor are no longer retained",
+                       {"generationId": generation_id, "after": after, "oldestSeq": progress.oldest_seq})
+    if status["status"] in TERMINAL and progress is not None and progress.epoch == epoch:
+        final_seq = progress.last_seq if progress.end_reason else progress.last_seq + 1
+        if after >= final_seq:
+            return None
+    return follow_buffer(bridge, db, generation_id, status, after)
+
+
+async def follow_buffer(bridge: StreamBridge, db: GatewayDatabase, generation_id: str, status: dict,
+                        after: int) -> AsyncIterator[StreamEvent]:
+    """A stream the bridge did not see whole: the resume buffer after `after`, then live events."""
+    last_seq = after
+    epoch = status.get("epoch")
+    if epoch:
+        for seq, token_ids, text, token_count in await db.stream_rows(generation_id, epoch, after):
+            yield token_event(generation_id, epoch, seq, token_ids, text, token_count)
+            last_seq = seq
+    if status["status"] in TERMINAL:
+        progress = await db.stream_progress(generation_id)
+        if progress is not None and progress.epoch == epoch:
+            final_seq = progress.last_seq if progress.end_reason else progress.last_seq + 1
+        else:
+            final_seq = last_seq + 1
+        label = "interrupted" if status["status"] == "interrupted" else "final"
+        yield StreamEvent("final", {"id": generation_id, "reason": status["endReason"] or status["status"],
+                                    "seq": final_seq, "usageLabel": label, "usage": status["usage"]}, final_seq)
+        return
+    async for event in follow_live(bridge, db, generation_id, last_seq):
+        yield event
+
+
+async def follow_live(bridge: StreamBridge, db: GatewayDatabase, generation_id: str,
+                      after: int) -> AsyncIterator[StreamEvent]:
+    """The bridge's events after `after`; a hole before the view's first event is filled from the buffer."""
+    last_seq = after
+    async for kind, item in bridge.follow(generation_id, timeout_s=FOLLOW_TIMEOUT_S, after_seq=after):
+        if kind == "token":
+            if item.seq > last_seq + 1:
+                filled = await fill_gap(db, generation_id, item, last_seq)
+                if filled is None:
+                    yield StreamEvent("error", {"code": "cursor_expired", "generationId": generation_id,
+                                                "message": "events between the cursor and the live stream are "
+                                                           "no longer retained", "lastSeq": last_seq})
+                    return
+                for event in filled:
+                    yield event
+            yield token_event(generation_id, item.epoch, item.seq, item.token_ids, item.text_delta, item.token_count)
+            last_seq = item.seq
+        elif kind == "final":
+            yield StreamEvent("final", final_payload(item, generation_id), item.seq)
+        else:
+            yield StreamEvent("error", {"code": "stream_timeout", "message": "no final event in time", "details": {}})
+
+
+async def fill_gap(db: GatewayDatabase, generation_id: str, first_live, last_seq: int) -> list[StreamEvent] | None:
+    """The buffered events between `last_seq` and the bridge's first event; waits out the projector's lag."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + GAP_WAIT_S
+    while True:
+        rows = [r for r in await db.stream_rows(generation_id, first_live.epoch, last_seq) if r[0] < first_live.seq]
+        if [r[0] for r in rows] == list(range(last_seq + 1, first_live.seq)):
+            # Counts from the live event backwards: the buffer's own counts may be newer than its rows.
+            count = first_live.token_count - len(first_live.token_ids)
+            events = []
+            for seq, token_ids, text, _ in reversed(rows):
+                events.append(token_event(generation_id, first_live.epoch, seq, token_ids, text, count))
+                count -= len(token_ids)
+            return events[::-1]
+        if loop.time() > deadline:
+            return None
+        await asyncio.sleep(0.1)
+
+
+class BoundedDelivery:
+    """One connection's queue: the source fills it, the client drains it, and a full queue ends the stream.
+
+    When `limit` events are waiting and the client takes none for SLOW_CONSUMER_GRACE_S,
+    the source stops (so memory per connection is bounded by `limit` events) and the
+    client is sent `slow_consumer` with the last seq it was sent, from which it resumes.
+    """
+
+    END = StreamEvent("end", {})
+
+    def __init__(self, source: AsyncIterator[StreamEvent], limit: int, after: int, generation_id: str) -> None:
+        self.source = source
+        self.limit = limit
+        self.last_seq = after
+        self.generation_id = generation_id
+        self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
+        self.overflowed = False
+        self.taken = asyncio.Event()
+
+    async def _fill(self) -> None:
+        try:
+            async for event in self.source:
+                if self.queue.qsize() >= self.limit and not await self._wait_for_room():
+                    self.overflowed = True
+                    log.info("slow consumer generation=%s queued=%d last_seq=%d", self.generation_id,
+                             self.queue.qsize(), self.last_seq)
+                    return
+                self.queue.put_nowait(event)
+        except Exception as exc:  # the client gets an error event, not a silently truncated stream
+            log.warning("stream source failed generation=%s error=%s", self.generation_id, type(exc).__name__)
+            self.queue.put_nowait(StreamEvent("error", {"code": "internal", "message": "stream source failed"}))
+        finally:
+            self.queue.put_nowait(self.END)  # one past the bound at most
+
+    async def _wait_for_room(self) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SLOW_CONSUMER_GRACE_S
+        while self.queue.qsize() >= self.limit:
+            self.taken.clear()
+            try:
+                await asyncio.wait_for(self.taken.wait(), deadline - loop.time())
+            except TimeoutError:
+                return False
+        return True
+
+    async def events(self) -> AsyncIterator[StreamEvent]:
+        filler = asyncio.create_task(self._fill(), name=f"stream-fill-{self.generation_id}")
+        try:
+            while True:
+                event = await self.queue.get()
+                self.taken.set()
+                if self.overflowed:
+                    yield StreamEvent("error", {"code": "slow_consumer", "lastSeq": self.last_seq,
+                                                "message": f"the client fell {self.limit} events behind; "
+                                                           f"resume with after={self.last_seq}"})
+                    return
+                if event is self.END:
+                    return
+                yield event
+                if event.seq is not None:
+                    self.last_seq = event.seq  # sent: the transport took it before control came back here
+        finally:
+            filler.cancel()
+            self.queue = asyncio.Queue()
+
+
+async def sse_body(first: dict, delivery: BoundedDelivery) -> AsyncIterator[bytes]:
+    yield sse("generation", first)
+    async for event in delivery.events():
+        yield sse(event.kind, event.data, event.seq)
+
+
+# WebSocket close codes (4000 + the HTTP status where one applies; 4008 as RFC 6455's 1008 policy violation).
+WS_CLOSE_SLOW_CONSUMER = 4008
+WS_CLOSE_OF_STATUS = {400: 4400, 401: 4401, 404: 4404, 410: 4410}
+
+
+async def serve_websocket(websocket: WebSocket, first: dict, delivery: BoundedDelivery) -> None:
+    """The same events as JSON messages (`type` = the SSE event name); ends with close 1000 after the final
+    event, or 4008 `slow_consumer lastSeq=N` at the queue bound. A client hanging up stops the delivery."""
+
+    async def send_all() -> None:
+        await websocket.send_json({"type": "generation", **first})
+        async for event in delivery.events():
+            await websocket.send_json(event.as_message())
+            if event.kind == "error" and event.data.get("code") == "slow_consumer":
+                await websocket.close(WS_CLOSE_SLOW_CONSUMER, f"slow_consumer lastSeq={event.data['lastSeq']}")
+                return
+        await websocket.close(1000, "end")
+
+    async def until_hang_up() -> None:
+        while (await websocket.receive())["type"] != "websocket.disconnect":
+            pass
+
+    sender = asyncio.create_task(send_all())
+    listener = asyncio.create_task(until_hang_up())
+    try:
+        await asyncio.wait({sender, listener}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (sender, listener):
+            task.cancel()
+        await asyncio.gather(sender, listener, return_exceptions=True)
+    if sender.done() and not sender.cancelled() and sender.exception() is not None:
+        log.info("websocket send failed generation=%s error=%s", delivery.generation_id,
+                 type(sender.exception()).__name__)
+
+
+async def close_with_error(websocket: WebSocket, error: ApiError) -> None:
+    """A refusal after the handshake: the error shape as one message, then a close naming the code."""
+    await websocket.send_json({"type": "error", "code": error.code, "message": error.message,
+                               "details": error.details})
+    reason = error.code if "oldestSeq" not in error.details else f"{error.code} oldestSeq={error.details['oldestSeq']}"
+    await websocket.close(WS_CLOSE_OF_STATUS.get(error.status, 4000 + error.status), reason)
