@@ -31,6 +31,8 @@ class Settings(BaseSettings):
 
     resume_buffer_events: int = Field(default=4096, ge=1, description="stream events kept per generation")
     resume_buffer_after_end_s: float = Field(default=3600.0, ge=0, description="log time a finished stream is kept")
+    disconnect_grace_s: float = Field(default=30.0, gt=0, description="an interactive generation nobody watches "
+                                      "for this long is cancelled; batch generations never are")
     projector_group: str = "ledgerlm-projector"
     projector_crash_after_batches: int | None = Field(default=None, description="fault injection for tests")
 

@@ -28,6 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from ledgerlm.cli.bench_admission_cmd import register_admission  # control plane (issue 4)
     register_admission(bench)
 
+    from ledgerlm.cli.bench_stream_cmd import register_stream  # streaming bridge (issue 6)
+    register_stream(bench)
+
 
 def run_engine_bench(args: argparse.Namespace) -> int:
     # Must precede the first torch import. With the default (spinning) wait

@@ -16,7 +16,7 @@ import logging
 import time
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Query, Request, WebSocket
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -28,6 +28,7 @@ from producers.gateway.admission import AdmissionClient
 from producers.gateway.bridge import StreamBridge
 from producers.gateway.database import GatewayDatabase, Principal
 from producers.gateway.errors import ApiError
+from producers.gateway.presence import Presence
 from producers.gateway.prompts import ModelCatalog
 from producers.gateway.requests import GenerationRequest
 from producers.gateway.status import TERMINAL, read_status
@@ -50,6 +51,7 @@ class Gateway:
     db: GatewayDatabase
     catalog: ModelCatalog
     models: Follower
+    presence: Presence = field(default_factory=Presence)
 
     @classmethod
     def create(cls, settings: Settings, bootstrap: str, database_url: str) -> "Gateway":
@@ -70,8 +72,28 @@ class Gateway:
         self._models_task = asyncio.create_task(self.models.run(), name="gateway-models")
         await self.bridge.start()
         await self.admission.start()
+        self._presence_task = asyncio.create_task(self.cancel_unwatched(), name="gateway-disconnect-policy")
+
+    async def cancel_unwatched(self) -> None:
+        """Disconnect policy: cancel interactive generations nobody has watched for `disconnect_grace_s`."""
+        while True:
+            grace = self.settings.disconnect_grace_s
+            await asyncio.sleep(min(1.0, grace / 4))
+            for generation_id in self.presence.due(grace):
+                view = self.bridge.view(generation_id)
+                if view is None or view.tier != "interactive" or view.cancel_requested or view.final is not None \
+                        or view.terminal is not None:
+                    continue
+                command = CancelGeneration(tenant_id=view.tenant_id, generation_id=generation_id,
+                                           gateway_id=self.admission.gateway_id,
+                                           correlation_id=self.admission.correlation_id(),
+                                           plane=self.settings.controller_group)
+                decision = await self.admission.decide(command, self.settings.admission_timeout_ms / 1000)
+                log.info("canceled after disconnect generation=%s grace_s=%.1f status=%s", generation_id, grace,
+                         decision.http_status if decision else "no-decision")
 
     async def stop(self) -> None:
+        self._presence_task.cancel()
         self._models_task.cancel()
         await self.admission.stop()
         await self.bridge.stop()
@@ -105,7 +127,8 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
 
     def event_stream(generation_id: str, first: dict, source, after: int, status_code: int = 200):
         """SSE of `source` behind this connection's bounded queue (see streams.py)."""
-        delivery = BoundedDelivery(source, gateway.settings.stream_queue_events, after, generation_id)
+        delivery = BoundedDelivery(source, gateway.settings.stream_queue_events, after, generation_id,
+                                   gateway.presence)
         return StreamingResponse(sse_body(first, delivery), status_code=status_code, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
@@ -197,7 +220,8 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
         if source is None:
             await websocket.close(1000, "end")
             return
-        delivery = BoundedDelivery(source, gateway.settings.stream_queue_events, cursor, generation_id)
+        delivery = BoundedDelivery(source, gateway.settings.stream_queue_events, cursor, generation_id,
+                                   gateway.presence)
         await serve_websocket(websocket, status, delivery)
 
     @app.get("/v1/usage")

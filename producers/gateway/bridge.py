@@ -57,6 +57,7 @@ class GenerationView:
     worker_id: str | None = None
     dead_epochs: set[int] = field(default_factory=set)
     cancel_requested: bool = False
+    tier: str = "interactive"
     streams: dict[int, list[TokensEmitted]] = field(default_factory=dict)
     finals: dict[int, FinalEvent] = field(default_factory=dict)
     usage: dict[int, Usage] = field(default_factory=dict)
@@ -137,7 +138,7 @@ class StreamBridge:
             if event.epoch not in view.dead_epochs and event.epoch not in view.finals:
                 view.finals[event.epoch] = FinalEvent(event.reason, event.usage, event.usage_label, event.seq)
         elif isinstance(event, Admitted):
-            view.request_id, view.model_version = event.request_id, event.model_version
+            view.request_id, view.model_version, view.tier = event.request_id, event.model_version, event.tier
             view.epoch = max(view.epoch or 0, event.epoch or 1)
         elif isinstance(event, AttemptStarted):
             if event.epoch not in view.dead_epochs and event.epoch >= (view.epoch or 0):

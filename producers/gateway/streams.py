@@ -26,6 +26,7 @@ from fastapi import WebSocket
 
 from producers.gateway.bridge import FinalEvent, GenerationView, StreamBridge
 from producers.gateway.database import GatewayDatabase
+from producers.gateway.presence import Presence
 from producers.gateway.errors import ApiError
 from producers.gateway.status import TERMINAL
 
@@ -189,8 +190,10 @@ class BoundedDelivery:
 
     END = StreamEvent("end", {})
 
-    def __init__(self, source: AsyncIterator[StreamEvent], limit: int, after: int, generation_id: str) -> None:
+    def __init__(self, source: AsyncIterator[StreamEvent], limit: int, after: int, generation_id: str,
+                 presence: Presence | None = None) -> None:
         self.source = source
+        self.presence = presence
         self.limit = limit
         self.last_seq = after
         self.generation_id = generation_id
@@ -226,6 +229,9 @@ class BoundedDelivery:
 
     async def events(self) -> AsyncIterator[StreamEvent]:
         filler = asyncio.create_task(self._fill(), name=f"stream-fill-{self.generation_id}")
+        ended = False
+        if self.presence is not None:
+            self.presence.attach(self.generation_id)
         try:
             while True:
                 event = await self.queue.get()
@@ -238,11 +244,15 @@ class BoundedDelivery:
                 if event is self.END:
                     return
                 yield event
+                ended = ended or event.kind == "final"
                 if event.seq is not None:
                     self.last_seq = event.seq  # sent: the transport took it before control came back here
         finally:
             filler.cancel()
             self.queue = asyncio.Queue()
+            if self.presence is not None:
+                # A slow consumer cut at the bound is expected to resume: that is a detach like any other.
+                self.presence.detach(self.generation_id, ended)
 
 
 async def sse_body(first: dict, delivery: BoundedDelivery) -> AsyncIterator[bytes]:

@@ -265,3 +265,30 @@ async def test_the_websocket_stream_resumes_after_a_seq_refuses_other_tenants_an
     last_seq = messages[-1]["lastSeq"]
     assert messages[-1]["code"] == "slow_consumer" and close == (4008, f"slow_consumer lastSeq={last_seq}")
     assert [m["seq"] for m in messages if m["type"] == "token"] == list(range(1, last_seq + 1))
+
+
+async def test_an_interactive_generation_nobody_watches_is_canceled_after_the_grace_and_batch_is_not(
+        gateway, worker, tenants, versions):
+    tenant = tenants["main"]
+    app_gateway = gateway.gateway
+    settings = app_gateway.settings
+    app_gateway.settings = settings.model_copy(update={"disconnect_grace_s": 0.1})
+    try:
+        outcomes = {}
+        for tier in ("interactive", "batch"):
+            created = await gateway.post("/v1/generations", headers=tenant.headers,
+                                         json=body(model=versions["served"], maxOutputTokens=480, tier=tier))
+            assert created.status_code == 201
+            gen_id = created.json()["id"]
+            await wait_until(lambda g=gen_id: app_gateway.bridge.view(g), 10, what="the bridge's view")
+            watcher = AsgiClient(gateway._transport.app, f"/v1/generations/{gen_id}/events", tenant.headers,
+                                 hang_up_after_tokens=2)
+            await watcher.run()
+            assert watcher.hung_up.is_set()
+            view = await final_view(gateway, gen_id)
+            outcomes[tier] = (view.final.reason, len(view.tokens), view.cancel_requested)
+    finally:
+        app_gateway.settings = settings
+    reason, streamed, cancel_requested = outcomes["interactive"]
+    assert (reason, cancel_requested) == ("canceled", True) and streamed < 480
+    assert outcomes["batch"] == ("output-limit", 480, False)
