@@ -31,9 +31,14 @@ def issue_api_key() -> IssuedKey:
     return IssuedKey(plain=plain, hash=hash_api_key(plain), prefix=plain[:10])
 
 
+def could_be_key(presented: str | None) -> bool:
+    """Shape check before any lookup: a value that cannot be a key is refused without touching the database."""
+    return bool(presented) and presented.startswith(f"{KEY_PREFIX}_") and len(presented) <= 256
+
+
 def authenticate(conn: psycopg.Connection, presented: str | None) -> str | None:
     """The tenant id of a live key, or None. Only the hash is ever compared or stored."""
-    if not presented or not presented.startswith(f"{KEY_PREFIX}_") or len(presented) > 256:
+    if not could_be_key(presented):
         return None
     rows = conn.execute(
         "SELECT tenant_id FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL LIMIT 2",

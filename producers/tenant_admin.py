@@ -6,12 +6,11 @@ from dataclasses import dataclass
 
 import psycopg
 
-from consumers.kafka.clients import make_consumer, make_producer, publish
+from consumers.kafka.clients import make_producer, publish
 from consumers.kafka.dead_letters import DeadLetterRouter
 from producers.api_keys import issue_api_key
-from projections import tenants as tenant_projection
-from projections.catch_up import catch_up
-from projections.offsets import StaleOffset
+from projections.runtime import Projector
+from projections.tenants import TenantsProjection
 from schemas.registry_events import TenantRegistered
 from schemas.topics import TENANTS
 from schemas.values import TenantLimits
@@ -38,7 +37,7 @@ async def create_tenant(bootstrap: str, database_url: str, name: str, limits: Te
     if not TENANT_NAME.match(name):
         raise InvalidTenantName(f"tenant name {name!r} must match {TENANT_NAME.pattern}")
     with psycopg.connect(database_url, autocommit=True) as conn:
-        await project_tenants(bootstrap, conn)
+        await project_tenants(bootstrap, database_url)
         if conn.execute("SELECT 1 FROM tenants WHERE tenant_id = %s", (name,)).fetchone():
             raise TenantExists(f"tenant {name!r} already exists")
         key = issue_api_key()
@@ -50,25 +49,20 @@ async def create_tenant(bootstrap: str, database_url: str, name: str, limits: Te
             await publish(producer, TENANTS, event)
         finally:
             await producer.stop()
-        await project_tenants(bootstrap, conn)
+        await project_tenants(bootstrap, database_url)
     return CreatedTenant(tenant_id=name, api_key=key.plain)
 
 
-async def project_tenants(bootstrap: str, conn: psycopg.Connection) -> int:
-    consumer = make_consumer(bootstrap)
+async def project_tenants(bootstrap: str, database_url: str) -> int:
+    """Apply `llm.tenants` up to its current end with the projector itself (a running `ledgerlm project`
+    may apply the same records: compare-and-set makes one of us re-seek, not apply twice)."""
     producer = make_producer(bootstrap)
-    await consumer.start()
     await producer.start()
+    router = DeadLetterRouter(producer)
+    projector = Projector(bootstrap, database_url, [TenantsProjection()], divert=router.decode_or_divert,
+                          reject=router.refused_by_projection)
     try:
-        for attempt in range(5):
-            try:
-                return await catch_up(consumer, conn, DeadLetterRouter(producer), tenant_projection.NAME, TENANTS,
-                                      tenant_projection.apply)
-            except StaleOffset:
-                # A running projector (`ledgerlm project`) applied the same records first: its rows are
-                # ours too, so reload the offsets and catch up from there.
-                if attempt == 4:
-                    raise
+        return (await projector.catch_up()).applied.get(TenantsProjection.name, 0)
     finally:
-        await consumer.stop()
+        projector.close()
         await producer.stop()

@@ -13,7 +13,6 @@ rebuilds from the committed changelog and re-reads the uncommitted commands.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import time
 from datetime import UTC, datetime
@@ -24,6 +23,7 @@ from consumers.controller.decisions import Decider, Effects
 from consumers.controller.registry import WorkerRegistry
 from consumers.controller.state import PartitionState
 from consumers.kafka.clients import make_producer
+from consumers.kafka.dead_letters import dead_letter_for
 from consumers.kafka.follower import Follower
 from ledgerlm.settings import Settings
 from schemas.codec import DecodeError, decode, encode, record_headers, record_key
@@ -155,11 +155,7 @@ class Controller:
                 try:
                     event = decode(COMMANDS, record.value)
                 except DecodeError as exc:
-                    letters.append(DeadLetter(
-                        source_topic=record.topic, partition=record.partition, offset=record.offset,
-                        key_b64=base64.b64encode(record.key).decode() if record.key is not None else None,
-                        error_class=type(exc).__name__, reason=exc.reason,
-                        payload_b64=base64.b64encode(record.value or b"").decode()))
+                    letters.append(dead_letter_for(record, exc))
                     continue
                 effects.extend(self.decide(state, event, now))
             started = time.perf_counter()
@@ -219,7 +215,7 @@ class Controller:
 
     async def _check_co_partitioning(self, follower: Follower) -> None:
         """Changelog records go to the partition number of their command: both topics need equal counts."""
-        from consumers.kafka.follower import partitions_of
+        from consumers.kafka.clients import partitions_of
 
         commands = await partitions_of(follower.consumer, COMMANDS)
         changelog = await partitions_of(follower.consumer, CONTROL_CHANGELOG)

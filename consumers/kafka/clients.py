@@ -44,7 +44,10 @@ async def publish(producer: AIOKafkaProducer, topic: str, event: BaseModel, part
 
 
 async def partitions_of(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
-    """Every partition of `topic`, waiting for metadata a manually assigned consumer has not fetched yet."""
-    # aiokafka has no public "metadata for this topic" call on a consumer that did not subscribe to it.
-    found = await consumer._client._wait_on_metadata(topic)  # noqa: SLF001
-    return [TopicPartition(topic, p) for p in sorted(found)]
+    """Every partition of `topic`, from fresh cluster metadata (a manually assigned consumer has none)."""
+    # `topics()` fetches fresh metadata but keeps it to itself; ask the client for that snapshot directly.
+    cluster = await consumer._client.fetch_all_metadata()  # noqa: SLF001
+    partitions = cluster.partitions_for_topic(topic)
+    if not partitions:
+        raise LookupError(f"topic {topic} has no partitions (run `ledgerlm topics ensure`)")
+    return [TopicPartition(topic, p) for p in sorted(partitions)]

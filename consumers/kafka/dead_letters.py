@@ -4,7 +4,7 @@ from __future__ import annotations
 import base64
 import logging
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from consumers.kafka.clients import publish
@@ -45,11 +45,11 @@ class DeadLetterRouter:
                         len(record.value or b""))
             return None
 
+    async def refused_by_projection(self, tp: TopicPartition, offset: int, event: Envelope, reason: str) -> None:
+        """A well-formed event a projection could not accept (a constraint of the read model).
 
-    async def refused_by_projection(self, source_topic: str, partition: int, offset: int, event: Envelope,
-                                    reason: str) -> None:
-        """A well-formed event a projection could not accept (a constraint of the read model)."""
-        letter = DeadLetter(source_topic=source_topic, partition=partition, offset=offset, key_b64=None,
+        Its signature is the projector's `reject` callback, so a router can be handed over as is."""
+        letter = DeadLetter(source_topic=tp.topic, partition=tp.partition, offset=offset, key_b64=None,
                             error_class="ProjectionRefused", reason=reason,
                             payload_b64=base64.b64encode(event.model_dump_json().encode()).decode())
         await publish(self.producer, DLQ, letter)

@@ -15,6 +15,7 @@ from typing import Literal
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 
+from consumers.kafka.clients import partitions_of
 from schemas.codec import DecodeError, decode
 from schemas.envelope import Envelope
 
@@ -26,15 +27,6 @@ Handler = Callable[[str, Envelope], None]
 def partition_for(key: str, partitions: int) -> int:
     """The partition the Java client's default partitioner (and aiokafka's) gives `key`."""
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
-
-
-async def partitions_of(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
-    # `topics()` fetches fresh metadata but keeps it to itself; ask the client for that snapshot directly.
-    cluster = await consumer._client.fetch_all_metadata()
-    partitions = cluster.partitions_for_topic(topic)
-    if not partitions:
-        raise LookupError(f"topic {topic} has no partitions (run `ledgerlm topics ensure`)")
-    return [TopicPartition(topic, p) for p in sorted(partitions)]
 
 
 class Follower:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from aiokafka import AIOKafkaConsumer
 
-from consumers.kafka.follower import partitions_of
+from consumers.kafka.clients import partitions_of
 
 
 async def move_group_to_end(bootstrap: str, group: str, topic: str) -> None:

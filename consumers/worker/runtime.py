@@ -22,7 +22,8 @@ from datetime import UTC, datetime
 from aiokafka import AIOKafkaConsumer
 
 from consumers.kafka.clients import make_producer
-from consumers.kafka.follower import partition_for, partitions_of
+from consumers.kafka.clients import partitions_of
+from consumers.kafka.follower import partition_for
 from consumers.worker.attempts import FINISHES, Attempt, blocks_for
 from consumers.worker.engine_thread import EngineThread
 from engine.request import EngineRequest, RequestOutput

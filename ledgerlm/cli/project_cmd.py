@@ -45,11 +45,7 @@ def run_project(args: argparse.Namespace) -> int:
         producer = make_producer(bootstrap)
         await producer.start()
         router = DeadLetterRouter(producer)
-
-        async def reject(tp, offset, event, reason):
-            await router.refused_by_projection(tp.topic, tp.partition, offset, event, reason)
-
-        projector = Projector(bootstrap, database_url(settings), projections, reject=reject,
+        projector = Projector(bootstrap, database_url(settings), projections, reject=router.refused_by_projection,
                               divert=router.decode_or_divert, group_id=settings.projector_group,
                               crash_after_batches=settings.projector_crash_after_batches,
                               metrics_path=settings.home / "metrics" / "projector.prom")

@@ -14,7 +14,8 @@ import uuid
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from consumers.kafka.clients import make_producer, publish
-from consumers.kafka.follower import partition_for, partitions_of
+from consumers.kafka.clients import partitions_of
+from consumers.kafka.follower import partition_for
 from schemas.codec import DecodeError, decode
 from schemas.commands import CancelGeneration, SubmitGeneration
 from schemas.replies import AdmissionDecision

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from producers.api_keys import KEY_PREFIX, hash_api_key
+from producers.api_keys import could_be_key, hash_api_key
 
 AUTH_CACHE_S = 5.0
 
@@ -65,7 +65,7 @@ class GatewayDatabase:
             return await cur.fetchone()
 
     async def authenticate(self, presented: str | None) -> Principal | None:
-        if not presented or not presented.startswith(f"{KEY_PREFIX}_") or len(presented) > 256:
+        if not could_be_key(presented):
             return None
         key_hash = hash_api_key(presented)
         cached = self._auth.get(key_hash)

@@ -242,7 +242,7 @@ async def wait_until(predicate, timeout_s: float, step_s: float = 0.02, what: st
 async def read_topic(bootstrap: str, topic: str, since_ms: int, match) -> list:
     """Decoded events on `topic` written since `since_ms` (epoch ms) for which match(event) holds."""
     from schemas.codec import DecodeError, decode
-    from consumers.kafka.follower import partitions_of
+    from consumers.kafka.clients import partitions_of
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 isolation_level="read_committed")

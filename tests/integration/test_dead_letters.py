@@ -80,7 +80,7 @@ async def test_projection_skips_bad_record_and_applies_the_next(producer, bootst
     good = await producer.send_and_wait(TENANTS, value=encode(tenant), key=tenant.tenant_id.encode())
     before = await dlq_end_offsets(bootstrap)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        await project_tenants(bootstrap, conn)
+        await project_tenants(bootstrap, database_url)
         row = conn.execute("SELECT name, weight FROM tenants WHERE tenant_id = %s", (tenant.tenant_id,)).fetchone()
         stored = conn.execute(
             "SELECT next_offset FROM projection_offsets WHERE projection = 'tenants' AND topic = %s "
