@@ -143,7 +143,10 @@ async def run_admission_bench(model_dir: Path, rate: float, seconds: float, num_
         headers = {"Authorization": f"Bearer {tenant.api_key}"}
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60) as client:
             await warm_up(client, version)
+            timings = app.state.gateway.admission.timings
+            timings.clear()
             latency = await admission_phase(client, version, rate, seconds)
+            latency["breakdown_ms"] = breakdown(list(timings))
             tokenizer = app.state.gateway.catalog.tokenizer(app.state.gateway.catalog.version(version))
             texts = workload(num_requests)
             # The gateway's effective token ids for `input`: the engine-alone run gets exactly these.
@@ -208,6 +211,15 @@ async def admission_phase(client, version: str, rate: float, seconds: float) -> 
             "latency_ms": {"p50": round(percentile(latencies, 0.5), 1), "p95": round(percentile(latencies, 0.95), 1),
                            "p99": round(percentile(latencies, 0.99), 1), "max": round(max(latencies), 1),
                            "mean": round(statistics.fmean(latencies), 1)}}
+
+
+def breakdown(timings: list[tuple[float, float]]) -> dict:
+    """Where admission time went inside the gateway: publishing the command (acks=all), then waiting for
+    the controller's committed reply; the rest of the HTTP latency is request handling and rendering."""
+    def summary(values: list[float]) -> dict:
+        return {"p50": round(percentile(values, 0.5), 1), "p95": round(percentile(values, 0.95), 1)}
+
+    return {"publish": summary([p for p, _ in timings]), "await_decision": summary([r for _, r in timings])}
 
 
 async def throughput_phase(client, app, version: str, texts: list[str], output_tokens: int) -> dict:

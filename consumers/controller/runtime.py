@@ -142,32 +142,41 @@ class Controller:
             return self.decider.refused(state, event, now)
         return Effects()
 
-    async def process(self, tp: TopicPartition, records: list) -> None:
+    async def process(self, batches: dict[TopicPartition, list]) -> None:
+        """Decide every partition's batch, then commit the partitions' transactions concurrently: each
+        partition has its own transactional producer, so one tenant's commit never waits for another's."""
         async with self.lock:
-            state = self.states.get(tp.partition)
-            producer = self.producers.get(tp.partition)
-            if state is None or producer is None:
-                return  # revoked while the batch was in flight: the next owner re-reads it
-            effects = Effects()
-            letters: list[DeadLetter] = []
+            commits = []
             now = utc_now()
-            for record in records:
-                try:
-                    event = decode(COMMANDS, record.value)
-                except DecodeError as exc:
-                    letters.append(dead_letter_for(record, exc))
-                    continue
-                effects.extend(self.decide(state, event, now))
-            started = time.perf_counter()
-            async with producer.transaction():
-                await self.write(producer, tp.partition, effects, letters)
-                await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, self.group)
-            txn_ms = (time.perf_counter() - started) * 1000
-            self.decisions += len(effects.replies)
-            self.stats["batches"] += 1
-            self.stats["records"] += len(records)
-            self.stats["txn_ms_total"] += txn_ms
-            self.stats["txn_ms_max"] = max(self.stats["txn_ms_max"], txn_ms)
+            for tp, records in batches.items():
+                state = self.states.get(tp.partition)
+                producer = self.producers.get(tp.partition)
+                if not records or state is None or producer is None:
+                    continue  # revoked while the batch was in flight: the next owner re-reads it
+                effects = Effects()
+                letters: list[DeadLetter] = []
+                for record in records:
+                    try:
+                        event = decode(COMMANDS, record.value)
+                    except DecodeError as exc:
+                        letters.append(dead_letter_for(record, exc))
+                        continue
+                    effects.extend(self.decide(state, event, now))
+                commits.append(self._commit(producer, tp, records, effects, letters))
+            await asyncio.gather(*commits)
+
+    async def _commit(self, producer: AIOKafkaProducer, tp: TopicPartition, records: list, effects: Effects,
+                      letters: list[DeadLetter]) -> None:
+        started = time.perf_counter()
+        async with producer.transaction():
+            await self.write(producer, tp.partition, effects, letters)
+            await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, self.group)
+        txn_ms = (time.perf_counter() - started) * 1000
+        self.decisions += len(effects.replies)
+        self.stats["batches"] += 1
+        self.stats["records"] += len(records)
+        self.stats["txn_ms_total"] += txn_ms
+        self.stats["txn_ms_max"] = max(self.stats["txn_ms_max"], txn_ms)
 
     def log_stats(self) -> None:
         stats = self.stats
@@ -248,9 +257,8 @@ class Controller:
                     follow_task.result()  # surface the follower's failure
                 timeout_ms = max(1, int((next_check - time.monotonic()) * 1000))
                 batches = await consumer.getmany(timeout_ms=timeout_ms, max_records=500)
-                for tp, records in batches.items():
-                    if records:
-                        await self.process(tp, records)
+                if batches:
+                    await self.process(batches)
                 if time.monotonic() >= next_check:
                     await self.check_leases()
                     next_check = time.monotonic() + interval

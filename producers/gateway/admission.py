@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
+from collections import deque
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
@@ -33,9 +35,12 @@ class AdmissionClient:
         self.consumer: AIOKafkaConsumer | None = None
         self.waiting: dict[str, asyncio.Future[AdmissionDecision]] = {}
         self._task: asyncio.Task | None = None
+        # (publish_ms, reply_ms) of recent decisions: where admission time goes, for benchmarks
+        self.timings: deque[tuple[float, float]] = deque(maxlen=10_000)
 
     async def start(self) -> None:
-        self.producer = make_producer(self.bootstrap, client_id=self.gateway_id)
+        # linger 0: a caller waits on every command, so there is nothing to gain by holding it back
+        self.producer = make_producer(self.bootstrap, client_id=self.gateway_id, linger_ms=0)
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, client_id=self.gateway_id,
                                          enable_auto_commit=False, isolation_level="read_committed",
                                          fetch_max_wait_ms=10)
@@ -76,9 +81,13 @@ class AdmissionClient:
         """The decision for `command`, or None when none arrived within `timeout_s`."""
         future = asyncio.get_running_loop().create_future()
         self.waiting[command.correlation_id] = future
+        started = time.perf_counter()
         try:
             await publish(self.producer, COMMANDS, command)
-            return await asyncio.wait_for(future, timeout_s)
+            published = time.perf_counter()
+            decision = await asyncio.wait_for(future, timeout_s)
+            self.timings.append(((published - started) * 1000, (time.perf_counter() - published) * 1000))
+            return decision
         except asyncio.TimeoutError:
             return None
         finally:
