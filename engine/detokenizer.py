@@ -35,8 +35,8 @@ class IncrementalDetokenizer:
         self.text = ""
         self.num_emitted = 0
 
-    def append(self, token_id: int) -> bool:
-        """Add one token; returns True when a stop string was matched."""
+    def append(self, token_id: int, check_stop: bool = True) -> bool:
+        """Add one token; returns True when a stop string was matched (only looked for with `check_stop`)."""
         self.ids.append(token_id)
         prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(self.ids[self.prefix_offset :])
@@ -46,7 +46,7 @@ class IncrementalDetokenizer:
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         start = max(0, len(self.text) - self.holdback)
         self.text += delta
-        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0] if check_stop else []
         if hits:
             self.text = self.text[: min(hits)]
             return True

@@ -137,7 +137,7 @@ class Engine:
         if sched.is_empty:
             return outputs
 
-        sampled = self.runner.run(sched, self._generators)
+        sampled = self.runner.run(sched, self._generators, self._banned_tokens)
         for chunk in (*sched.decodes, *sched.prefills):
             chunk.seq.num_computed_tokens += chunk.num_tokens
             self.blocks.commit_full_blocks(chunk.seq)
@@ -159,15 +159,24 @@ class Engine:
         )
 
     # -- internals ----------------------------------------------------------------
+    def _banned_tokens(self, seq: Sequence) -> tuple[int, ...]:
+        """What `seq` may not sample next: its stop ids (and EOS, unless ignored) until min_tokens are out."""
+        params = seq.request.params
+        if seq.num_output_tokens >= params.min_tokens:
+            return ()
+        eos = () if params.ignore_eos else tuple(self.eos_token_ids)
+        return (*params.stop_token_ids, *eos)
+
     def _append_token(self, seq: Sequence, token: int) -> RequestOutput:
         params = seq.request.params
         seq.token_ids.append(token)
         extend_block_hashes(seq.block_hashes, seq.token_ids, self.config.block_size, self.compat_key, seq.request.scope_key)
         detok = self._detok[seq.request_id]
         reason: FinishReason | None = None
+        may_stop = seq.num_output_tokens >= params.min_tokens
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             reason = FinishReason.STOP
-        elif detok.append(token):
+        elif detok.append(token, check_stop=may_stop):
             reason = FinishReason.STOP
         elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = FinishReason.LENGTH

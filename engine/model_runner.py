@@ -1,11 +1,14 @@
 """`ModelRunner`: turns a `SchedulerOutput` into one packed forward and sampled tokens."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from engine.llama import DecodeGroup, ForwardBatch, LlamaModel, PrefillChunk
 from engine.sampler import Sampler
 from engine.scheduler import ScheduledChunk, SchedulerOutput
+from engine.sequence import Sequence
 
 # A decode row joins the current group while its context is at least this
 # fraction of the group's longest: bounds padding waste per row at 50%.
@@ -27,14 +30,15 @@ class ModelRunner:
         self.sampler = Sampler()
 
     def run(
-        self, out: SchedulerOutput, generators: dict[str, torch.Generator]
+        self, out: SchedulerOutput, generators: dict[str, torch.Generator],
+        banned_for: Callable[[Sequence], tuple[int, ...]] = lambda seq: (),
     ) -> list[tuple[ScheduledChunk, int]]:
         """One forward; returns (chunk, next token) for every chunk that reached its sequence's end."""
         batch, sampling = self.prepare(out)
         logits = self.model.forward(batch, self.kv_pool)
         params = [c.seq.request.params for c in sampling]
         gens = [generators.get(c.seq.request_id) for c in sampling]
-        tokens = self.sampler.sample(logits, params, gens)
+        tokens = self.sampler.sample(logits, params, gens, [banned_for(c.seq) for c in sampling])
         return list(zip(sampling, tokens))
 
     def prepare(self, out: SchedulerOutput) -> tuple[ForwardBatch, list[ScheduledChunk]]:

@@ -31,10 +31,14 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # Until this many tokens are out, EOS and stop token ids cannot be sampled and stop strings do not stop.
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError("min_tokens must be in [0, max_tokens]")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
         if self.top_k < 0:

@@ -11,8 +11,15 @@ class Sampler:
     so a seeded request draws the same tokens whatever else is in the batch."""
 
     def sample(
-        self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+        self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+        banned: list[tuple[int, ...]] | None = None,
     ) -> list[int]:
+        """`banned[row]`: token ids that row may not produce now (min_tokens holds back EOS and stop ids)."""
+        if banned and any(banned):
+            logits = logits.clone()  # the forward's output is an inference tensor: not writable out here
+            for row, ids in enumerate(banned):
+                if ids:
+                    logits[row, list(ids)] = float("-inf")
         tokens = logits.argmax(dim=-1).tolist()
         for row, p in enumerate(params):
             if not p.greedy:

@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     stream_queue_events: int = Field(default=256, ge=1,
                                      description="events one stream connection may have waiting before it is "
                                                  "ended as a slow consumer")
+    stream_stall_timeout_s: float = Field(default=10.0, gt=0,
+                                          description="a connection whose client takes no bytes for this long "
+                                                      "while the server waits to write is aborted")
 
     @property
     def state_file(self) -> Path:

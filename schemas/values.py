@@ -20,6 +20,8 @@ class SamplingParams(Value):
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0)
 
 
 class Usage(Value):

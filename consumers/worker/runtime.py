@@ -122,7 +122,8 @@ class Worker:
             request_id=request_id, prompt_token_ids=order.input_token_ids,
             params=EngineSampling(max_tokens=order.max_output_tokens, temperature=sampling.temperature,
                                   top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
-                                  stop_token_ids=sampling.stop_token_ids, stop=sampling.stop),
+                                  stop_token_ids=sampling.stop_token_ids, stop=sampling.stop,
+                                  ignore_eos=sampling.ignore_eos, min_tokens=sampling.min_tokens),
             tenant_id=order.tenant_id, scope_key=order.tenant_id, deadline=time.monotonic() + remaining_s)
         self._thread.add(request, order.weight)
         log.info("attempt started generation=%s epoch=%d input_tokens=%d reserved_blocks=%d",

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Query, Request, WebSocket
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from consumers.kafka.follower import Follower
 from ledgerlm.settings import Settings
@@ -31,9 +31,11 @@ from producers.gateway.errors import ApiError
 from producers.gateway.presence import Presence
 from producers.gateway.prompts import ModelCatalog
 from producers.gateway.requests import GenerationRequest
+from producers.gateway.stalls import GatewayApp
 from producers.gateway.status import TERMINAL, read_status
 from producers.gateway.streams import (
-    BoundedDelivery, close_with_error, final_payload, follow_live, open_source, parse_cursor, serve_websocket, sse_body,
+    BoundedDelivery, ClosingStreamingResponse, close_with_error, final_payload, follow_live, open_source, parse_cursor,
+    serve_websocket, sse_body,
 )
 from producers.gateway.submit import submit_generation
 from schemas.commands import CancelGeneration
@@ -52,6 +54,7 @@ class Gateway:
     catalog: ModelCatalog
     models: Follower
     presence: Presence = field(default_factory=Presence)
+    deliveries: set = field(default_factory=set)  # the open streams' queues (BoundedDelivery), for bounds and metrics
 
     @classmethod
     def create(cls, settings: Settings, bootstrap: str, database_url: str) -> "Gateway":
@@ -112,7 +115,8 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
         finally:
             await gateway.stop()
 
-    app = FastAPI(title="ledgerlm gateway", lifespan=lifespan)
+    app = GatewayApp(title="ledgerlm gateway", lifespan=lifespan)
+    app.stall_timeout_s = settings.stream_stall_timeout_s
     app.state.gateway = gateway
     errors.install(app)
     timeout_s = settings.admission_timeout_ms / 1000
@@ -128,9 +132,9 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
     def event_stream(generation_id: str, first: dict, source, after: int, status_code: int = 200):
         """SSE of `source` behind this connection's bounded queue (see streams.py)."""
         delivery = BoundedDelivery(source, gateway.settings.stream_queue_events, after, generation_id,
-                                   gateway.presence)
-        return StreamingResponse(sse_body(first, delivery), status_code=status_code, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+                                   gateway.presence, gateway.deliveries)
+        return ClosingStreamingResponse(sse_body(first, delivery), status_code=status_code,
+                                        media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def wait_for_end(generation_id: str) -> dict:
         text: list[str] = []
@@ -221,7 +225,7 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
             await websocket.close(1000, "end")
             return
         delivery = BoundedDelivery(source, gateway.settings.stream_queue_events, cursor, generation_id,
-                                   gateway.presence)
+                                   gateway.presence, gateway.deliveries)
         await serve_websocket(websocket, status, delivery)
 
     @app.get("/v1/usage")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from producers.gateway.database import Principal
@@ -37,9 +37,10 @@ from producers.gateway.errors import ApiError
 from producers.gateway.openai_requests import (
     OPENAI_FIELD, ChatCompletionRequest, CompletionRequest, OpenAIRequest,
 )
-from producers.gateway.prompts import EffectivePrompt, payload_hash
+from producers.gateway.prompts import EffectivePrompt
 from producers.gateway.requests import GenerationRequest
 from producers.gateway.status import TERMINAL, read_status
+from producers.gateway.streams import ClosingStreamingResponse
 from producers.gateway.submit import submit_generation
 
 if TYPE_CHECKING:
@@ -103,12 +104,7 @@ def render(gateway: "Gateway", body: OpenAIRequest, request_id: str, principal: 
         room = min(gateway.catalog.version(body.model).max_context_tokens, principal.max_tokens_per_request)
         max_tokens = max(room - len(probe.token_ids), 1)  # no room: the render below says why (400)
     native = body.native(request_id, max_tokens)
-    prompt = gateway.catalog.render(native, principal.max_tokens_per_request)
-    if body.stop_token_ids:
-        sampling = prompt.sampling.model_copy(update={"stop_token_ids": tuple(body.stop_token_ids)})
-        prompt = EffectivePrompt(prompt.token_ids, sampling,
-                                 payload_hash(native.model, prompt.token_ids, max_tokens, sampling))
-    return native, prompt
+    return native, gateway.catalog.render(native, principal.max_tokens_per_request)
 
 
 class OpenAIApi:
@@ -160,7 +156,7 @@ class OpenAIApi:
         pieces = self.pieces(principal.tenant_id, decision.generation_id, fresh=decision.http_status == 201)
         chat = kind is ChatCompletionRequest
         if body.stream:
-            return StreamingResponse(self.chunks(pieces, decision.generation_id, body, chat),
+            return ClosingStreamingResponse(self.chunks(pieces, decision.generation_id, body, chat),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         text: list[str] = []
         async for piece in pieces:

@@ -2,7 +2,7 @@
 
 Every OpenAI or vLLM field is either carried to the platform, accepted as a
 label that changes nothing (`user`, `metadata`), or accepted only at the value
-that changes nothing (`n=1`, `presence_penalty=0`, `ignore_eos=false`, ...):
+that changes nothing (`n=1`, `presence_penalty=0`, ...):
 any other value is a 400 naming the field, never a silently different
 generation. Unknown fields are a 400 too.
 """
@@ -35,12 +35,10 @@ NEUTRAL: dict[str, tuple[tuple, str]] = {
     "tools": ((None, []), "tool calling is not supported"),
     "tool_choice": ((None, "none"), "tool calling is not supported"),
     "response_format": ((None, {"type": "text"}), "only plain text output is supported"),
-    # The engine can ignore EOS, but the platform's sampling parameters do not carry it to the worker yet.
-    "ignore_eos": ((None, False), "ignore_eos is not carried to the worker yet"),
-    "min_tokens": ((None, 0), "min_tokens is not implemented by the engine"),
 }
 # Native field names in errors from rendering, as an OpenAI client knows them.
-OPENAI_FIELD = {"maxOutputTokens": "max_tokens", "requestId": "Idempotency-Key", "topP": "top_p", "topK": "top_k"}
+OPENAI_FIELD = {"maxOutputTokens": "max_tokens", "requestId": "Idempotency-Key", "topP": "top_p", "topK": "top_k",
+                "minTokens": "min_tokens", "stopTokenIds": "stop_token_ids", "ignoreEos": "ignore_eos"}
 
 
 def is_same(value: Any, neutral: Any) -> bool:
@@ -97,8 +95,8 @@ class OpenAIRequest(BaseModel):
     frequency_penalty: Any = None
     repetition_penalty: Any = None
     logit_bias: Any = None
-    ignore_eos: Any = None
-    min_tokens: Any = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0)
 
     @field_validator("stop_token_ids")
     @classmethod
@@ -120,6 +118,10 @@ class OpenAIRequest(BaseModel):
         if None not in (self.max_tokens, self.max_completion_tokens) and self.max_tokens != self.max_completion_tokens:
             raise ApiError(400, "invalid_request", "max_tokens and max_completion_tokens differ: send one",
                            {"field": "max_completion_tokens"})
+        limit = self.requested_max_tokens()
+        if limit is not None and self.min_tokens > limit:
+            raise ApiError(400, "invalid_request", f"min_tokens={self.min_tokens} exceeds max_tokens={limit}",
+                           {"field": "min_tokens"})
 
     @property
     def include_usage(self) -> bool:
@@ -136,7 +138,9 @@ class OpenAIRequest(BaseModel):
             request_id=request_id, model=self.model, max_output_tokens=max_output_tokens, stream=self.stream,
             temperature=DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p, top_k=max(self.top_k or 0, 0), seed=self.seed,
-            stop=self.stop, tier="batch" if self.service_tier == "flex" else "interactive", **self.native_input())
+            stop=self.stop, stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos,
+            min_tokens=min(self.min_tokens, max_output_tokens),
+            tier="batch" if self.service_tier == "flex" else "interactive", **self.native_input())
 
 
 class ChatCompletionRequest(OpenAIRequest):

@@ -36,7 +36,8 @@ def sha256_file(path: Path) -> str:
 
 def payload_hash(version: str, token_ids: tuple[int, ...], max_output_tokens: int, sampling: SamplingParams) -> str:
     canonical = json.dumps({"version": version, "tokens": list(token_ids), "maxOutputTokens": max_output_tokens,
-                            "sampling": sampling.model_dump(mode="json")}, sort_keys=True, separators=(",", ":"))
+                            # defaults left out: a sampling field added later keeps old requests' hashes
+                            "sampling": sampling.model_dump(mode="json", exclude_defaults=True)}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -103,6 +104,8 @@ class ModelCatalog:
                            {"field": "maxOutputTokens", "inputTokens": len(token_ids),
                             "limit": max_tokens_per_request})
         sampling = SamplingParams(temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
-                                  seed=request.seed, stop=request.stop_strings())
+                                  seed=request.seed, stop=request.stop_strings(),
+                                  stop_token_ids=tuple(request.stop_token_ids), ignore_eos=request.ignore_eos,
+                                  min_tokens=request.min_tokens)
         return EffectivePrompt(token_ids, sampling,
                                payload_hash(registered.model_version, token_ids, request.max_output_tokens, sampling))

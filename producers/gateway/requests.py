@@ -1,7 +1,7 @@
 """The body of `POST /v1/generations` (camelCase on the wire)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -27,12 +27,20 @@ class GenerationRequest(BaseModel):
     top_k: int = Field(default=0, alias="topK", ge=0)
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     stop: list[str] | str | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, alias="stopTokenIds",
+                                                              max_length=256)
+    # Load-testing conveniences (vLLM's names): run to maxOutputTokens whatever the model says, or at least
+    # minTokens before EOS, a stop token id or a stop string may end the generation.
+    ignore_eos: bool = Field(default=False, alias="ignoreEos")
+    min_tokens: int = Field(default=0, alias="minTokens", ge=0)
     tier: Literal["interactive", "batch"] = "interactive"
 
     @model_validator(mode="after")
     def one_input(self) -> "GenerationRequest":
         if (self.input is None) == (self.messages is None):
             raise ValueError("exactly one of 'input' or 'messages' is required")
+        if self.min_tokens > self.max_output_tokens:
+            raise ValueError("minTokens must not exceed maxOutputTokens")
         return self
 
     def stop_strings(self) -> tuple[str, ...]:

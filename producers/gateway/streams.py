@@ -20,9 +20,11 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from fastapi import WebSocket
+from fastapi.responses import StreamingResponse
 
 from producers.gateway.bridge import FinalEvent, GenerationView, StreamBridge
 from producers.gateway.database import GatewayDatabase
@@ -191,9 +193,10 @@ class BoundedDelivery:
     END = StreamEvent("end", {})
 
     def __init__(self, source: AsyncIterator[StreamEvent], limit: int, after: int, generation_id: str,
-                 presence: Presence | None = None) -> None:
+                 presence: Presence | None = None, live: set | None = None) -> None:
         self.source = source
         self.presence = presence
+        self.live = live if live is not None else set()
         self.limit = limit
         self.last_seq = after
         self.generation_id = generation_id
@@ -230,6 +233,7 @@ class BoundedDelivery:
     async def events(self) -> AsyncIterator[StreamEvent]:
         filler = asyncio.create_task(self._fill(), name=f"stream-fill-{self.generation_id}")
         ended = False
+        self.live.add(self)
         if self.presence is not None:
             self.presence.attach(self.generation_id)
         try:
@@ -249,6 +253,7 @@ class BoundedDelivery:
                     self.last_seq = event.seq  # sent: the transport took it before control came back here
         finally:
             filler.cancel()
+            self.live.discard(self)
             self.queue = asyncio.Queue()
             if self.presence is not None:
                 # A slow consumer cut at the bound is expected to resume: that is a detach like any other.
@@ -257,8 +262,21 @@ class BoundedDelivery:
 
 async def sse_body(first: dict, delivery: BoundedDelivery) -> AsyncIterator[bytes]:
     yield sse("generation", first)
-    async for event in delivery.events():
-        yield sse(event.kind, event.data, event.seq)
+    async with aclosing(delivery.events()) as events:  # a closed body closes the delivery at once, not at GC
+        async for event in events:
+            yield sse(event.kind, event.data, event.seq)
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A streaming response that closes its body however it ends (a hang-up, an aborted connection), so
+    the body's `finally` blocks (queue release, presence detach) run now rather than whenever the
+    collector reaches a generator kept alive by a traceback."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
 
 
 # WebSocket close codes (4000 + the HTTP status where one applies; 4008 as RFC 6455's 1008 policy violation).
@@ -272,11 +290,12 @@ async def serve_websocket(websocket: WebSocket, first: dict, delivery: BoundedDe
 
     async def send_all() -> None:
         await websocket.send_json({"type": "generation", **first})
-        async for event in delivery.events():
-            await websocket.send_json(event.as_message())
-            if event.kind == "error" and event.data.get("code") == "slow_consumer":
-                await websocket.close(WS_CLOSE_SLOW_CONSUMER, f"slow_consumer lastSeq={event.data['lastSeq']}")
-                return
+        async with aclosing(delivery.events()) as events:
+            async for event in events:
+                await websocket.send_json(event.as_message())
+                if event.kind == "error" and event.data.get("code") == "slow_consumer":
+                    await websocket.close(WS_CLOSE_SLOW_CONSUMER, f"slow_consumer lastSeq={event.data['lastSeq']}")
+                    return
         await websocket.close(1000, "end")
 
     async def until_hang_up() -> None:

@@ -152,10 +152,29 @@ async def test_stop_token_ids_top_k_and_seed_reach_the_engine(gateway, worker, c
     assert sampled[0].id != sampled[1].id and sampled[0].choices[0].text == sampled[1].choices[0].text
 
 
+async def test_min_tokens_and_ignore_eos_reach_the_engine(gateway, worker, client, versions):
+    model = versions["served"]
+    greedy = await client.completions.create(model=model, prompt="the water is", max_tokens=3, temperature=0)
+    first_token = gateway.gateway.bridge.view(greedy.id).tokens[0].token_ids[0]
+    # The stop token id may not end the generation before min_tokens: the engine must pick something else.
+    held = await client.completions.create(model=model, prompt="the water is", max_tokens=3, temperature=0,
+                                           extra_body={"stop_token_ids": [first_token], "min_tokens": 3})
+    tokens = [t for event in gateway.gateway.bridge.view(held.id).tokens for t in event.token_ids]
+    assert (held.choices[0].finish_reason, held.usage.completion_tokens) == ("length", 3)
+    assert first_token not in tokens
+    # ignore_eos is part of the effective request: the same Idempotency-Key with it flipped is another payload.
+    key = {"Idempotency-Key": uuid.uuid4().hex}
+    await client.completions.create(model=model, prompt="the water is", max_tokens=2, temperature=0,
+                                    extra_headers=key)
+    with pytest.raises(openai.ConflictError):
+        await client.completions.create(model=model, prompt="the water is", max_tokens=2, temperature=0,
+                                        extra_headers=key, extra_body={"ignore_eos": True})
+
+
 @pytest.mark.parametrize("fields, param", [
     ({"n": 2}, "n"),
-    ({"extra_body": {"ignore_eos": True}}, "ignore_eos"),
-    ({"extra_body": {"min_tokens": 2}}, "min_tokens"),
+    ({"extra_body": {"min_tokens": 3}}, "min_tokens"),  # more than max_tokens
+    ({"extra_body": {"ignore_eos": "sometimes"}}, "ignore_eos"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"extra_body": {"best_of": 3}}, "best_of"),
     ({"extra_body": {"no_such_field": 1}}, "no_such_field"),

@@ -195,6 +195,37 @@ async def test_a_slow_consumer_is_cut_at_the_queue_bound_with_its_last_seq_and_r
     assert "".join(data["textDelta"] for _, data in tokens) == (await final_view(gateway, gen_id)).text
 
 
+async def test_a_client_that_never_reads_is_cut_off_with_bounded_memory_and_resumes(
+        gateway, worker, tenants, versions):
+    tenant = tenants["main"]
+    app, app_gateway = gateway._transport.app, gateway.gateway
+    settings, stall_timeout_s = app_gateway.settings, app.stall_timeout_s
+    app_gateway.settings = settings.model_copy(update={"stream_queue_events": 3})
+    app.stall_timeout_s = 1.0
+    try:
+        gen_id = await start_generation(gateway, tenant, versions["served"], 40)
+        never = asyncio.Event()
+        stuck = AsgiClient(app, f"/v1/generations/{gen_id}/events", tenant.headers, slow_send=never.wait)
+        connection = asyncio.create_task(stuck.run(timeout_s=20))
+        await wait_until(lambda: app_gateway.deliveries, 10, what="the open stream")
+        held = []
+        while not connection.done():  # the generation runs on past the bound while the client reads nothing
+            held.extend(d.queue.qsize() for d in app_gateway.deliveries)
+            await asyncio.sleep(0.05)
+        await connection  # the server gave up on the connection instead of holding it open
+    finally:
+        app_gateway.settings, app.stall_timeout_s = settings, stall_timeout_s
+    assert held and max(held) <= 3 + 1  # the bound, plus the end marker
+    assert not stuck.complete and not never.is_set()
+    await wait_until(lambda: not app_gateway.deliveries, 5, what="the stream's queue released")
+    assert gen_id not in app_gateway.presence.subscribers
+    view = await final_view(gateway, gen_id)
+    rest = parse_sse_ids((await gateway.get(f"/v1/generations/{gen_id}/events?after=0",
+                                            headers=tenant.headers)).content)
+    assert [data["seq"] for _, data in tokens_of(rest)] == list(range(1, 41)) and rest[-1][1] == "final"
+    assert "".join(data["textDelta"] for _, data in tokens_of(rest)) == view.text
+
+
 class AsgiWebSocket:
     """One WebSocket session straight on the ASGI app; `slow_send` runs on the first token message."""
 

@@ -49,6 +49,45 @@ def test_stop_token_id_ends_request(make_engine, reference):
     assert finish_of(outputs) is FinishReason.STOP
 
 
+def test_min_tokens_holds_back_stop_ids_and_eos(make_engine, reference):
+    prompt = random_prompt(random.Random(22), 30)
+    expected = reference(prompt, 16)
+    stop_id = expected[4]
+    cut = expected.index(stop_id)
+    engine = make_engine()
+    engine.add_request(make_request("held", prompt, max_tokens=16, min_tokens=cut + 3, stop_token_ids=(stop_id,)))
+    engine.eos_token_ids = {stop_id}  # the same token as EOS: held back as well until min_tokens are out
+    tokens = tokens_of(run_engine(engine)["held"])
+    assert tokens[:cut] == expected[:cut]  # nothing changes before the held-back token would have come
+    assert stop_id not in tokens[: cut + 3] and len(tokens) >= cut + 3
+
+
+def test_ignore_eos_runs_to_max_tokens(make_engine, reference):
+    prompt = random_prompt(random.Random(22), 30)
+    expected = reference(prompt, 16)
+    engine = make_engine()
+    engine.eos_token_ids = {expected[4]}  # pretend the model's EOS comes fifth
+    engine.add_request(make_request("stops", prompt, max_tokens=16))
+    engine.add_request(make_request("ignores", prompt, max_tokens=16, ignore_eos=True))
+    outputs = run_engine(engine)
+    assert tokens_of(outputs["stops"]) == expected[: expected.index(expected[4]) + 1]
+    assert finish_of(outputs["stops"]) is FinishReason.STOP
+    assert tokens_of(outputs["ignores"]) == expected and finish_of(outputs["ignores"]) is FinishReason.LENGTH
+
+
+def test_stop_strings_wait_for_min_tokens(make_engine):
+    prompt = random_prompt(random.Random(23), 30)
+    engine = make_engine()
+    engine.add_request(make_request("full", prompt, max_tokens=24))
+    full_text = text_of(run_engine(engine)["full"])
+    stop = full_text[:3]
+    engine.add_request(make_request("early", prompt, max_tokens=24, stop=(stop,)))
+    engine.add_request(make_request("late", prompt, max_tokens=24, stop=(stop,), min_tokens=24))
+    outputs = run_engine(engine)
+    assert text_of(outputs["early"]) == "" and finish_of(outputs["early"]) is FinishReason.STOP
+    assert text_of(outputs["late"]) == full_text and finish_of(outputs["late"]) is FinishReason.LENGTH
+
+
 def test_text_deltas_concatenate_to_decoded_output(make_engine, tiny_artifacts):
     prompt = random_prompt(random.Random(23), 30)
     engine = make_engine()
