@@ -31,9 +31,11 @@ def partition_for(key: str, partitions: int) -> int:
 
 class Follower:
     def __init__(self, bootstrap: str, topics: list[str], handler: Handler,
-                 start: Literal["beginning", "end"] = "beginning", client_id: str = "ledgerlm-follower") -> None:
+                 start: Literal["beginning", "end"] = "beginning", client_id: str = "ledgerlm-follower",
+                 after_batch: Callable[[], None] | None = None) -> None:
         self.topics = topics
         self.handler = handler
+        self.after_batch = after_batch  # called once per fetched batch, after its records' handlers
         self.start_at = start
         self.bootstrap = bootstrap
         self.client_id = client_id
@@ -77,6 +79,8 @@ class Follower:
                                 record.topic, record.partition, record.offset, type(exc).__name__)
                     continue
                 self.handler(record.topic, event)
+        if batches and self.after_batch is not None:
+            self.after_batch()
         await self._check_caught_up()
 
     async def catch_up(self) -> None:

@@ -105,7 +105,8 @@ class StreamBridge:
         self.views: dict[str, GenerationView] = {}
         self.clock = clock
         self.follower = Follower(bootstrap, [TOKENS, GENERATIONS], self.on_event, start="end",
-                                 client_id="gateway-bridge")
+                                 client_id="gateway-bridge", after_batch=self.notify_changed)
+        self._changed: set[str] = set()
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
@@ -153,7 +154,15 @@ class StreamBridge:
                 view.usage[event.epoch] = event.usage
         elif type(event).__name__ in STATUS_OF_TERMINAL:
             self._on_terminal(view, event)
-        view.notify()
+        self._changed.add(view.generation_id)
+
+    def notify_changed(self) -> None:
+        """Wake each changed view's readers once per fetched batch, not once per event."""
+        for generation_id in self._changed:
+            view = self.views.get(generation_id)
+            if view is not None:
+                view.notify()
+        self._changed.clear()
 
     def _on_terminal(self, view: GenerationView, event: Envelope) -> None:
         if view.terminal is not None:
@@ -210,10 +219,11 @@ class StreamBridge:
             if remaining <= 0:
                 yield "timeout", None
                 return
+            if changed is None:
+                await asyncio.sleep(min(0.05, remaining))
+                continue
             try:
-                if changed is None:
-                    await asyncio.sleep(min(0.05, remaining))
-                else:
-                    await asyncio.wait_for(changed.wait(), min(remaining, 1.0))
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(min(remaining, 1.0)):  # no task per wait, unlike wait_for
+                    await changed.wait()
+            except TimeoutError:
                 pass

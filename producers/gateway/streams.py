@@ -46,15 +46,17 @@ class StreamEvent:
     kind: str  # "token" | "final" | "error"
     data: dict
     seq: int | None = None
+    encoded: str | None = None  # `data` as JSON when it was built that way (token events: the hot path)
 
     def as_message(self) -> dict:
         """The WebSocket form: the SSE event name as `type`, then its data."""
         return {"type": self.kind, **self.data}
 
 
-def sse(event: str, data: dict, event_id: int | None = None) -> bytes:
+def sse(event: str, data: dict, event_id: int | None = None, encoded: str | None = None) -> bytes:
     head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    body = encoded if encoded is not None else json.dumps(data, separators=(',', ':'))
+    return f"{head}event: {event}\ndata: {body}\n\n".encode()
 
 
 def final_payload(final: FinalEvent, generation_id: str) -> dict:
@@ -65,9 +67,14 @@ def final_payload(final: FinalEvent, generation_id: str) -> dict:
 
 
 def token_event(generation_id: str, epoch: int, seq: int, token_ids, text: str, token_count: int) -> StreamEvent:
-    return StreamEvent("token", {"generationId": generation_id, "epoch": epoch, "seq": seq,
-                                 "tokenIds": list(token_ids), "text": text, "textDelta": text,
-                                 "tokenCount": token_count}, seq)
+    ids = list(token_ids)
+    quoted = json.dumps(text)
+    # The same JSON json.dumps would write for `data`, formatted directly: every streamed token passes here.
+    encoded = (f'{{"generationId":{json.dumps(generation_id)},"epoch":{epoch:d},"seq":{seq:d},'
+               f'"tokenIds":[{",".join(str(int(i)) for i in ids)}],"text":{quoted},"textDelta":{quoted},'
+               f'"tokenCount":{token_count:d}}}')
+    return StreamEvent("token", {"generationId": generation_id, "epoch": epoch, "seq": seq, "tokenIds": ids,
+                                 "text": text, "textDelta": text, "tokenCount": token_count}, seq, encoded)
 
 
 def parse_cursor(last_event_id: str | None, after: str | None) -> int:
@@ -230,7 +237,8 @@ class BoundedDelivery:
                 return False
         return True
 
-    async def events(self) -> AsyncIterator[StreamEvent]:
+    async def batches(self, most: int = 64) -> AsyncIterator[list[StreamEvent]]:
+        """What the client is sent, as runs of the events waiting together (one write each), in order."""
         filler = asyncio.create_task(self._fill(), name=f"stream-fill-{self.generation_id}")
         ended = False
         self.live.add(self)
@@ -238,19 +246,26 @@ class BoundedDelivery:
             self.presence.attach(self.generation_id)
         try:
             while True:
-                event = await self.queue.get()
+                batch = [await self.queue.get()]
                 self.taken.set()
                 if self.overflowed:
-                    yield StreamEvent("error", {"code": "slow_consumer", "lastSeq": self.last_seq,
-                                                "message": f"the client fell {self.limit} events behind; "
-                                                           f"resume with after={self.last_seq}"})
+                    yield [StreamEvent("error", {"code": "slow_consumer", "lastSeq": self.last_seq,
+                                                 "message": f"the client fell {self.limit} events behind; "
+                                                            f"resume with after={self.last_seq}"})]
                     return
-                if event is self.END:
+                while len(batch) < most and batch[-1] is not self.END and not self.queue.empty():
+                    batch.append(self.queue.get_nowait())
+                done = batch[-1] is self.END
+                if done:
+                    batch.pop()
+                if batch:
+                    yield batch
+                    ended = ended or any(event.kind == "final" for event in batch)
+                    seqs = [event.seq for event in batch if event.seq is not None]
+                    if seqs:
+                        self.last_seq = seqs[-1]  # sent: the transport took them before control came back
+                if done:
                     return
-                yield event
-                ended = ended or event.kind == "final"
-                if event.seq is not None:
-                    self.last_seq = event.seq  # sent: the transport took it before control came back here
         finally:
             filler.cancel()
             self.live.discard(self)
@@ -259,12 +274,19 @@ class BoundedDelivery:
                 # A slow consumer cut at the bound is expected to resume: that is a detach like any other.
                 self.presence.detach(self.generation_id, ended)
 
+    async def events(self) -> AsyncIterator[StreamEvent]:
+        """The same events one by one."""
+        async with aclosing(self.batches()) as batches:
+            async for batch in batches:
+                for event in batch:
+                    yield event
+
 
 async def sse_body(first: dict, delivery: BoundedDelivery) -> AsyncIterator[bytes]:
     yield sse("generation", first)
-    async with aclosing(delivery.events()) as events:  # a closed body closes the delivery at once, not at GC
-        async for event in events:
-            yield sse(event.kind, event.data, event.seq)
+    async with aclosing(delivery.batches()) as batches:  # a closed body closes the delivery at once, not at GC
+        async for batch in batches:
+            yield b"".join(sse(event.kind, event.data, event.seq, event.encoded) for event in batch)
 
 
 class ClosingStreamingResponse(StreamingResponse):
