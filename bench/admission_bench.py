@@ -1,16 +1,18 @@
 """`ledgerlm bench admission`: admission latency at a fixed rate, and platform vs engine-alone throughput.
 
     phase 1  POST /v1/generations (non-streaming) at `rate` req/s for `seconds`:
-             HTTP latency from send to decision (p50/p95/p99), status counts
-    phase 2  the same `num_requests` generations (fixed token ids, greedy, ignore nothing)
-             a) through gateway -> Kafka -> controller -> worker -> Kafka -> bridge, all submitted at once
+             HTTP latency from send to decision (p50/p95/p99), status counts, and from the gateway's
+             log where its share went (render + publish, awaiting the controller's committed reply)
+    phase 2  the same `num_requests` generations (fixed token ids, greedy)
+             a) through gateway -> Kafka -> controller -> worker -> Kafka -> bridge, all submitted at once,
+                each call waiting for its end (`?wait=true`)
              b) on an Engine alone in a fresh process with the worker's engine config, run right
                 before and right after (a), so load from other processes on the machine hits both alike
              output tokens/s of each and their ratio
 
-The controller and the worker run as real processes in a control plane of
-their own (a fresh controller group), the gateway runs in this process on
-uvicorn with real HTTP, against the real broker and database.
+The controller, the worker and the gateway (`ledgerlm gateway`, uvicorn) run as
+real processes in a control plane of their own (a fresh controller group),
+against the real broker and database; this process is only the HTTP client.
 """
 from __future__ import annotations
 
@@ -102,18 +104,17 @@ def engine_alone_process(model_dir: Path, prompts: list[tuple[int, ...]], output
 async def run_admission_bench(model_dir: Path, rate: float, seconds: float, num_requests: int,
                               output_tokens: int, workdir: Path) -> dict:
     import httpx
-    import uvicorn
 
+    from bench.stream_bench import free_port
     from consumers.kafka.groups import move_group_to_end
+    from engine.artifacts import load_artifacts
     from ledgerlm.cli.endpoints import database_url, kafka_bootstrap
-    from producers.gateway.app import create_app
     from producers.model_registry import describe, register_model
     from producers.tenant_admin import create_tenant
     from schemas.values import TenantLimits
 
     plane = f"bench-{uuid.uuid4().hex[:8]}"
     base = Settings()
-    settings = Settings(controller_group=plane, admission_timeout_ms=30000)
     bootstrap, db_url = kafka_bootstrap(base), database_url(base)
     version = f"bench-{describe(model_dir, 'probe').content_sha256[:8]}@1"
     await register_model(bootstrap, model_dir, version)
@@ -124,37 +125,36 @@ async def run_admission_bench(model_dir: Path, rate: float, seconds: float, num_
     # OMP_WAIT_POLICY=PASSIVE for the worker and the baseline alike: with other processes busy on 2 cores,
     # spinning OpenMP threads slowed the same engine steps 10-20x (0.2 s vs 3.6 s for this workload).
     env = {**os.environ, "LEDGERLM_KAFKA_BOOTSTRAP": bootstrap, "LEDGERLM_DATABASE_URL": db_url,
-           "LEDGERLM_CONTROLLER_GROUP": plane, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+           "LEDGERLM_CONTROLLER_GROUP": plane, "LEDGERLM_ADMISSION_TIMEOUT_MS": "30000",
+           "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     workdir.mkdir(parents=True, exist_ok=True)
+    logs = {role: workdir / f"{role}.log" for role in ("controller", "worker", "gateway")}
+    for log in logs.values():
+        log.write_text("")
+    port = free_port()
     procs = []
     try:
-        controller_log, worker_log = workdir / "controller.log", workdir / "worker.log"
-        procs.append(controller := spawn(["controller"], env, controller_log))
+        procs.append(controller := spawn(["controller"], env, logs["controller"]))
         procs.append(worker := spawn(["worker", "--model-version", version, "--worker-id", f"{plane}-w1"], env,
-                                     worker_log))
-        await wait_for_log(controller_log, "controller owns partitions", controller, 120)
-        await wait_for_log(worker_log, "worker ready", worker, 120)
-        app = create_app(settings, bootstrap, db_url)
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-        serving = asyncio.create_task(server.serve())
-        while not server.started:
-            await asyncio.sleep(0.05)
-        port = server.servers[0].sockets[0].getsockname()[1]
+                                     logs["worker"]))
+        procs.append(gateway := spawn(["gateway", "--host", "127.0.0.1", "--port", str(port)], env, logs["gateway"]))
+        await wait_for_log(logs["controller"], "controller owns partitions", controller, 120)
+        await wait_for_log(logs["worker"], "worker ready", worker, 120)
         headers = {"Authorization": f"Bearer {tenant.api_key}"}
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60) as client:
-            await warm_up(client, version)
-            timings = app.state.gateway.admission.timings
-            timings.clear()
+        limits = httpx.Limits(max_connections=num_requests + 50, max_keepalive_connections=num_requests + 50)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=120,
+                                     limits=limits) as client:
+            await warm_up(client, version, gateway, logs["gateway"])
+            measured_from = len(logs["gateway"].read_text(errors="replace").splitlines())
             latency = await admission_phase(client, version, rate, seconds)
-            latency["breakdown_ms"] = breakdown(list(timings))
-            tokenizer = app.state.gateway.catalog.tokenizer(app.state.gateway.catalog.version(version))
+            latency["gateway_breakdown_ms"] = breakdown(
+                logs["gateway"].read_text(errors="replace").splitlines()[measured_from:])
+            tokenizer = load_artifacts(model_dir).tokenizer
             texts = workload(num_requests)
             # The gateway's effective token ids for `input`: the engine-alone run gets exactly these.
             prompts = [tuple(tokenizer(text)["input_ids"]) for text in texts]
             before = await asyncio.to_thread(engine_alone_process, model_dir, prompts, output_tokens, workdir, env)
-            platform = await throughput_phase(client, app, version, texts, output_tokens)
-        server.should_exit = True
-        await serving
+            platform = await throughput_phase(client, version, texts, output_tokens)
     finally:
         for proc in procs:
             proc.terminate()
@@ -167,22 +167,33 @@ async def run_admission_bench(model_dir: Path, rate: float, seconds: float, num_
     alone = {"before": before, "after": after,
              "tokens_per_s": round((before["tokens_per_s"] + after["tokens_per_s"]) / 2, 1)}
     return {"model_dir": str(model_dir), "model_version": version, "plane": plane,
-            "omp_wait_policy": env["OMP_WAIT_POLICY"], "admission": latency,
+            "setup": "controller, worker and gateway are processes of their own; the HTTP clients are this one",
+            "omp_wait_policy": env["OMP_WAIT_POLICY"], "machine_load_before": [round(x, 2) for x in os.getloadavg()],
+            "admission": latency,
             "throughput": {"requests": num_requests, "output_tokens_per_request": output_tokens,
                            "platform": platform, "engine_alone": alone,
                            "ratio": round(platform["tokens_per_s"] / alone["tokens_per_s"], 3)},
             "targets": {"admission_p95_ms": 50, "throughput_ratio": 0.8}}
 
 
-async def warm_up(client, version: str) -> None:
+async def warm_up(client, version: str, gateway: subprocess.Popen, log: Path) -> None:
     """First requests load the tokenizer and open connections; they are not measured."""
-    for _ in range(40):
-        response = await client.post("/v1/generations?wait=true", json={
-            "requestId": uuid.uuid4().hex, "model": version, "input": "warm up", "maxOutputTokens": 2})
-        if response.status_code in (200, 201):
-            return
+    import httpx
+
+    status = None
+    for _ in range(120):
+        if gateway.poll() is not None:
+            break
+        try:
+            response = await client.post("/v1/generations?wait=true", json={
+                "requestId": uuid.uuid4().hex, "model": version, "input": "warm up", "maxOutputTokens": 2})
+            status = response.status_code
+            if status in (200, 201):
+                return
+        except httpx.TransportError:
+            pass  # the gateway is still starting
         await asyncio.sleep(0.5)  # 503 until the worker's heartbeat reached the controller
-    raise RuntimeError(f"warm-up never admitted: {response.status_code} {response.text}")
+    raise RuntimeError(f"warm-up never admitted (last status {status}): {log.read_text(errors='replace')[-2000:]}")
 
 
 async def admission_phase(client, version: str, rate: float, seconds: float) -> dict:
@@ -213,30 +224,38 @@ async def admission_phase(client, version: str, rate: float, seconds: float) -> 
                            "mean": round(statistics.fmean(latencies), 1)}}
 
 
-def breakdown(timings: list[tuple[float, float]]) -> dict:
-    """Where admission time went inside the gateway: publishing the command (acks=all), then waiting for
-    the controller's committed reply; the rest of the HTTP latency is request handling and rendering."""
+def breakdown(log_lines: list[str]) -> dict:
+    """Where admission time went inside the gateway, from its `admission ...` log lines: rendering and
+    publishing the command (acks=all) and then waiting for the controller's committed reply (`ms` is the
+    sum of the three); the rest of the client's latency is HTTP and the event loops on both sides."""
+    fields: dict[str, list[float]] = {"ms": [], "publish_ms": [], "await_ms": []}
+    for line in log_lines:
+        if " admission tenant=" not in line:
+            continue
+        for part in line.split():
+            name, _, value = part.partition("=")
+            if name in fields:
+                fields[name].append(float(value))
+
     def summary(values: list[float]) -> dict:
         return {"p50": round(percentile(values, 0.5), 1), "p95": round(percentile(values, 0.95), 1)}
 
-    return {"publish": summary([p for p, _ in timings]), "await_decision": summary([r for _, r in timings])}
+    return {"requests": len(fields["ms"]), "in_gateway": summary(fields["ms"]),
+            "publish": summary(fields["publish_ms"]), "await_decision": summary(fields["await_ms"])}
 
 
-async def throughput_phase(client, app, version: str, texts: list[str], output_tokens: int) -> dict:
-    """Submit every prompt at once and wait until every generation's final event reached the bridge."""
-    bridge = app.state.gateway.bridge
+async def throughput_phase(client, version: str, texts: list[str], output_tokens: int) -> dict:
+    """Submit every prompt at once, each call waiting for its generation's end (`?wait=true`)."""
     started = time.perf_counter()
-    responses = await asyncio.gather(*[client.post("/v1/generations", json={
+    responses = await asyncio.gather(*[client.post("/v1/generations?wait=true", json={
         "requestId": uuid.uuid4().hex, "model": version, "input": text, "maxOutputTokens": output_tokens})
         for text in texts])
-    ids = [r.json()["id"] for r in responses if r.status_code == 201]
-    if len(ids) != len(texts):
-        raise RuntimeError(f"throughput phase: {len(texts) - len(ids)} requests refused: "
+    done = [r.json() for r in responses if r.status_code == 201]
+    if len(done) != len(texts):
+        raise RuntimeError(f"throughput phase: {len(texts) - len(done)} requests refused: "
                            f"{[r.status_code for r in responses if r.status_code != 201][:5]}")
-    while not all((v := bridge.view(i)) is not None and v.final is not None for i in ids):
-        await asyncio.sleep(0.01)
     elapsed = time.perf_counter() - started
-    produced = sum(bridge.view(i).final.usage.generated_output_tokens for i in ids)
+    produced = sum(d["usage"]["outputTokens"] for d in done)
     return {"output_tokens": produced, "seconds": round(elapsed, 3), "tokens_per_s": round(produced / elapsed, 1)}
 
 

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import deque
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
@@ -35,8 +34,6 @@ class AdmissionClient:
         self.consumer: AIOKafkaConsumer | None = None
         self.waiting: dict[str, asyncio.Future[AdmissionDecision]] = {}
         self._task: asyncio.Task | None = None
-        # (publish_ms, reply_ms) of recent decisions: where admission time goes, for benchmarks
-        self.timings: deque[tuple[float, float]] = deque(maxlen=10_000)
 
     async def start(self) -> None:
         # linger 0: a caller waits on every command, so there is nothing to gain by holding it back
@@ -77,8 +74,10 @@ class AdmissionClient:
     def correlation_id(self) -> str:
         return uuid.uuid4().hex
 
-    async def decide(self, command: SubmitGeneration | CancelGeneration, timeout_s: float) -> AdmissionDecision | None:
-        """The decision for `command`, or None when none arrived within `timeout_s`."""
+    async def decide(self, command: SubmitGeneration | CancelGeneration, timeout_s: float,
+                     timing: list[float] | None = None) -> AdmissionDecision | None:
+        """The decision for `command`, or None when none arrived within `timeout_s`; `timing` gets the ms spent
+        publishing the command and then awaiting the reply."""
         future = asyncio.get_running_loop().create_future()
         self.waiting[command.correlation_id] = future
         started = time.perf_counter()
@@ -86,7 +85,8 @@ class AdmissionClient:
             await publish(self.producer, COMMANDS, command)
             published = time.perf_counter()
             decision = await asyncio.wait_for(future, timeout_s)
-            self.timings.append(((published - started) * 1000, (time.perf_counter() - published) * 1000))
+            if timing is not None:
+                timing.extend(((published - started) * 1000, (time.perf_counter() - published) * 1000))
             return decision
         except asyncio.TimeoutError:
             return None

@@ -35,12 +35,14 @@ async def submit_generation(admission: AdmissionClient, settings: Settings, prin
         correlation_id=admission.correlation_id(), model_version=body.model,
         input_token_ids=prompt.token_ids, max_output_tokens=body.max_output_tokens, sampling=prompt.sampling,
         tier=body.tier, payload_hash=prompt.payload_hash, plane=settings.controller_group)
-    decision = await admission.decide(command, settings.admission_timeout_ms / 1000)
+    timing: list[float] = []
+    decision = await admission.decide(command, settings.admission_timeout_ms / 1000, timing)
     if decision is None:
         raise ApiError(503, "controller_unavailable", "no admission decision in time",
                        {"requestId": body.request_id}, settings.retry_after_ms)
-    log.info("admission tenant=%s request=%s status=%d input_tokens=%d ms=%.1f", principal.tenant_id,
-             body.request_id, decision.http_status, len(prompt.token_ids), (time.perf_counter() - started) * 1000)
+    log.info("admission tenant=%s request=%s status=%d input_tokens=%d ms=%.1f publish_ms=%.1f await_ms=%.1f",
+             principal.tenant_id, body.request_id, decision.http_status, len(prompt.token_ids),
+             (time.perf_counter() - started) * 1000, *timing)
     if decision.http_status not in (200, 201):
         raise decision_error(decision)
     return decision
