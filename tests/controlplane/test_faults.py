@@ -8,6 +8,7 @@ import uuid
 from consumers.kafka.clients import publish
 from schemas.stream import TokensEmitted
 from tests.controlplane.conftest import Process, body, read_topic, wait_until
+from tests.controlplane.test_stream_resume import AsgiClient
 
 
 async def test_worker_kill9_interrupts_within_lease_releases_and_ignores_late_tokens(
@@ -25,6 +26,9 @@ async def test_worker_kill9_interrupts_within_lease_releases_and_ignores_late_to
         assert created.status_code == 201
         gen_id = created.json()["id"]
         bridge = gateway.gateway.bridge
+        # A client streaming when the worker dies: it gets what was delivered, then the interrupted end.
+        watcher = AsgiClient(gateway._transport.app, f"/v1/generations/{gen_id}/events", headers)
+        watching = asyncio.create_task(watcher.run(timeout_s=30))
         await wait_until(lambda: (v := bridge.view(gen_id)) and len(v.tokens) >= 8, 30, what="tokens")
         proc.kill9()
         killed_at = time.monotonic()
@@ -38,6 +42,11 @@ async def test_worker_kill9_interrupts_within_lease_releases_and_ignores_late_to
     assert view.final.usage == view.usage[1]  # the last recorded watermark, nothing invented
     assert view.final.usage.generated_output_tokens >= 4
     streamed = len(view.tokens)
+    seen = await watching
+    assert [data["seq"] for _, kind, data in seen if kind == "token"] == list(range(1, streamed + 1))
+    last_id, kind, final = seen[-1]
+    assert (kind, final["reason"], final["usageLabel"]) == ("final", "interrupted", "interrupted")
+    assert final["usage"]["outputTokens"] == view.final.usage.generated_output_tokens and last_id == streamed + 1
 
     # A token of the interrupted epoch that arrives late is not accepted.
     await publish(producer, "llm.tokens", TokensEmitted(tenant_id=tenants["kill"].tenant_id, generation_id=gen_id,
