@@ -156,6 +156,7 @@ class Scheduler:
             self.waiting[tenant].popleft()
             seq.num_computed_tokens += num_hit_tokens
             if not seq.started:
+                seq.first_scheduled_at = now
                 seq.num_cached_tokens = num_hit_tokens
                 self.prefix_hit_tokens += num_hit_tokens
             seq.num_served_tokens = max(seq.num_served_tokens, seq.num_computed_tokens)

@@ -46,5 +46,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(_request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400:  # FastAPI's answer to a JSON body it could not read (e.g. invalid UTF-8)
+            return error_response(400, "invalid_json", f"{exc.detail}: the body must be JSON in UTF-8")
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail))
