@@ -131,12 +131,12 @@ class Scheduler:
         # by a later preemption in the loop above.
         for chunk in scheduled.values():
             self._charge(chunk)
-        self._admit(budget, scheduled, out)
+        self._admit(budget, scheduled, out, now)
         for chunk in scheduled.values():
             (out.decodes if chunk.num_tokens == 1 else out.prefills).append(chunk)
         return out
 
-    def _admit(self, budget: int, scheduled: dict[int, ScheduledChunk], out: SchedulerOutput) -> None:
+    def _admit(self, budget: int, scheduled: dict[int, ScheduledChunk], out: SchedulerOutput, now: float) -> None:
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
             tenant = self._next_tenant()
             if tenant is None:

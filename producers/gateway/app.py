@@ -27,7 +27,7 @@ from consumers.kafka.follower import Follower
 from ledgerlm.settings import Settings
 from ledgerlm.telemetry.metrics import GatewayMetrics, exposition
 from ledgerlm.telemetry.server import Readiness
-from producers.gateway import errors, openai_api
+from producers.gateway import errors, openai_api, openapi_doc
 from producers.gateway.admission import AdmissionClient
 from producers.gateway.bridge import StreamBridge
 from producers.gateway.database import GatewayDatabase, Principal
@@ -283,4 +283,5 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
                              "requestId": decision.request_id}, status_code=decision.http_status)
 
     app.include_router(openai_api.router(gateway))
+    openapi_doc.install(app)
     return app
