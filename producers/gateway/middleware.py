@@ -17,10 +17,6 @@ ADMISSION_PATHS = frozenset({"/v1/generations", "/v1/completions", "/v1/chat/com
 OPENAI_PREFIXES = ("/v1/completions", "/v1/chat/completions", "/v1/models")
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 def too_large(path: str, limit: int):
     """413 in the error shape of the route: OpenAI's for the OpenAI-compatible routes, the native one elsewhere."""
     error = ApiError(413, "body_too_large", f"the request body exceeds {limit} bytes", {"limitBytes": limit})
@@ -45,27 +41,28 @@ class BodyLimit:
             await too_large(scope["path"], self.limit)(scope, receive, send)
             return
         received = 0
-        started = False
+        answered = False  # the 413 went out: whatever the app answers after it is dropped
 
         async def limited_receive() -> Message:
-            nonlocal received
+            nonlocal received, answered
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise BodyTooLarge()
+                if received > self.limit and not answered:
+                    answered = True
+                    await too_large(scope["path"], self.limit)(scope, receive, send)
+                    return {"type": "http.disconnect"}  # the app stops reading as if the client left
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        async def guarded_send(message: Message) -> None:
+            if not answered:
+                await send(message)
 
         try:
-            await self.app(scope, limited_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
-                await too_large(scope["path"], self.limit)(scope, receive, send)
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not answered:
+                raise  # after a 413, the app's complaint about the cut body is expected and moot
 
 
 class ResponseMetrics:
