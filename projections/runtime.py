@@ -29,11 +29,11 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from consumers.kafka.clients import make_consumer, partitions_of
+from ledgerlm.telemetry.metrics import ProjectorMetrics
+from ledgerlm.telemetry.server import Readiness
 from projections.base import Projection
 from projections.offsets import StaleOffset, advance, load_offsets
 from schemas.codec import DecodeError, decode
-from ledgerlm.telemetry.metrics import ProjectorMetrics
-from ledgerlm.telemetry.server import Readiness
 from schemas.envelope import Envelope
 
 log = logging.getLogger(__name__)

@@ -242,11 +242,11 @@ class Controller:
 
     # -- main loop ---------------------------------------------------------------------------
     async def run(self) -> None:
+        await self.http.start()  # first: a taken port fails the start before anything else runs
         follower = Follower(self.bootstrap, [WORKERS, TENANTS, MODELS], self.on_registry,
                             client_id="controller-registry")
         await follower.start()
         follow_task = asyncio.create_task(follower.run(), name="controller-registry")
-        await self.http.start()
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, group_id=self.group, client_id="controller",
             enable_auto_commit=False, isolation_level="read_committed",

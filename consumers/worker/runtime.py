@@ -341,6 +341,7 @@ class Worker:
             await asyncio.sleep(interval)
 
     async def run(self) -> None:
+        await self.http.start()  # first: a taken port fails the start before anything else runs
         loop = asyncio.get_running_loop()
         self._thread = EngineThread(self.engine, lambda outs: loop.call_soon_threadsafe(self.outputs.put_nowait, outs),
                                     lambda rid, why: loop.call_soon_threadsafe(self.refuse_from_engine, rid, why),
@@ -358,7 +359,6 @@ class Worker:
         if self.settings.stream_flush_ms > 0:
             tasks.append(asyncio.create_task(self._flusher(), name="worker-flush"))
         heartbeats = asyncio.create_task(self._heartbeats(), name="worker-heartbeat")
-        await self.http.start()
         self.ready.set()
         log.info("worker ready worker=%s model=%s blocks=%d", self.worker_id, self.model.model_version,
                  self.total_blocks)
