@@ -1,7 +1,8 @@
 """The worker's latency and token metrics, observed from each engine output of an attempt.
 
-    admitted (StartAttempt.occurred_at) ─ queue ─▶ first scheduled ─▶ first token (TTFT) ─ ITL ─▶ … ─▶ end (e2e)
-    CancelAttempt.occurred_at ─────────────── cancellation lag ────────────────▶ removed at a step boundary
+    admitted (StartAttempt.occurred_at) ─ queue ─▶ first scheduled ─▶ first token: TTFT
+    first token ─ ITL ─▶ next token ─ ITL ─▶ … ─▶ end: e2e (from admitted)
+    CancelAttempt.occurred_at ─ cancellation lag ─▶ removed at a step boundary
 """
 from __future__ import annotations
 

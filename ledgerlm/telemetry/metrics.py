@@ -85,7 +85,8 @@ class EngineStatsCollector(Collector):
             return
         gauges = {
             "kv_blocks_used": ("KV blocks referenced by sequences", stats.num_blocks_used),
-            "kv_blocks_free": ("KV blocks not referenced (free or cached)", stats.num_blocks_total - stats.num_blocks_used),
+            "kv_blocks_free": ("KV blocks not referenced (free or cached)",
+                               stats.num_blocks_total - stats.num_blocks_used),
             "kv_blocks_reserved": ("KV blocks reserved by accepted attempts", self.reserved_blocks()),
             "num_requests_running": ("Sequences in the running batch", stats.num_running),
             "num_requests_waiting": ("Sequences waiting in the engine", stats.num_waiting),
