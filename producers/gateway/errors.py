@@ -39,6 +39,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def on_invalid(_request: Request, exc: RequestValidationError):
         errors = exc.errors()
+        if errors and errors[0]["type"] == "json_invalid":
+            reason = errors[0].get("ctx", {}).get("error", "malformed")
+            return error_response(400, "invalid_json", f"the body is not JSON: {reason}")
         fields = [".".join(str(p) for p in e["loc"] if p != "body") or "body" for e in errors]
         first = errors[0] if errors else {"msg": "invalid request"}
         return error_response(400, "invalid_request", f"{fields[0] if fields else 'body'}: {first['msg']}",

@@ -144,6 +144,13 @@ async def test_invalid_utf8_is_400_invalid_json(gateway_url, tenants):
     assert "UTF-8" in openai.json()["error"]["message"]
 
 
+async def test_a_body_that_is_not_json_is_400_invalid_json(gateway_url, tenants):
+    headers = {**tenants["main"].headers, "Content-Type": "application/json"}
+    native = await post(gateway_url, "/v1/generations", headers, content=b'{"requestId": ')
+    assert native.status_code == 400 and native.json()["code"] == "invalid_json", native.text
+    assert native.json()["message"].startswith("the body is not JSON")
+
+
 @pytest.mark.parametrize("field, value", [
     ("maxOutputTokens", 10**12), ("maxOutputTokens", -1), ("maxOutputTokens", 0), ("maxOutputTokens", 2.5),
     ("maxOutputTokens", "8"), ("maxOutputTokens", True), ("topK", -3), ("topK", 1.5), ("seed", -1),
