@@ -95,6 +95,7 @@ class Engine:
         """Queue a request; raises `RequestError` if it can never run here."""
         self._validate(request)
         seq = Sequence.from_request(request, self._arrivals, self.config.weight_of(request.tenant_id))
+        seq.arrived_at = self.clock()
         self._arrivals += 1
         extend_block_hashes(seq.block_hashes, seq.token_ids, self.config.block_size, self.compat_key, request.scope_key)
         self._seqs[request.request_id] = seq
@@ -203,6 +204,7 @@ class Engine:
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
             num_cached_tokens=seq.num_cached_tokens,
+            queue_time_s=None if seq.first_scheduled_at is None else seq.first_scheduled_at - seq.arrived_at,
         )
 
     def _validate(self, request: EngineRequest) -> None:

@@ -82,6 +82,8 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int
+    # Seconds between add_request and the first step that scheduled it (None while it has waited only).
+    queue_time_s: float | None = None
 
     @property
     def finished(self) -> bool:

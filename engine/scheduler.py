@@ -131,12 +131,12 @@ class Scheduler:
         # by a later preemption in the loop above.
         for chunk in scheduled.values():
             self._charge(chunk)
-        self._admit(budget, scheduled, out)
+        self._admit(budget, scheduled, out, now)
         for chunk in scheduled.values():
             (out.decodes if chunk.num_tokens == 1 else out.prefills).append(chunk)
         return out
 
-    def _admit(self, budget: int, scheduled: dict[int, ScheduledChunk], out: SchedulerOutput) -> None:
+    def _admit(self, budget: int, scheduled: dict[int, ScheduledChunk], out: SchedulerOutput, now: float) -> None:
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
             tenant = self._next_tenant()
             if tenant is None:
@@ -156,6 +156,7 @@ class Scheduler:
             self.waiting[tenant].popleft()
             seq.num_computed_tokens += num_hit_tokens
             if not seq.started:
+                seq.first_scheduled_at = now
                 seq.num_cached_tokens = num_hit_tokens
                 self.prefix_hit_tokens += num_hit_tokens
             seq.num_served_tokens = max(seq.num_served_tokens, seq.num_computed_tokens)

@@ -40,6 +40,9 @@ class Sequence:
     # charged to the tenant's fair share again.
     num_served_tokens: int = 0
     started: bool = False
+    # Engine-clock instants of arrival and first scheduling: their difference is the queue time.
+    arrived_at: float = 0.0
+    first_scheduled_at: float | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
 

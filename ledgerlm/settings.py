@@ -70,6 +70,16 @@ class Settings(BaseSettings):
                                           description="a connection whose client takes no bytes for this long "
                                                       "while the server waits to write is aborted")
 
+    # -- telemetry: /metrics, /healthz, /readyz of the Kafka roles (0 = an ephemeral port, logged) --
+    metrics_host: str = "127.0.0.1"
+    controller_metrics_port: int = Field(default=0, ge=0)
+    worker_metrics_port: int = Field(default=0, ge=0)
+    projector_metrics_port: int = Field(default=0, ge=0)
+    projector_ready_lag: int = Field(default=1000, ge=0,
+                                     description="the projector is ready while no projection lags more records")
+    projector_lag_interval_s: float = Field(default=10.0, gt=0, description="how often projection lag is measured")
+    max_request_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, description="larger HTTP bodies get 413")
+
     @property
     def state_file(self) -> Path:
         return self.home / "services.json"

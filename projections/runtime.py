@@ -29,6 +29,8 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from consumers.kafka.clients import make_consumer, partitions_of
+from ledgerlm.telemetry.metrics import ProjectorMetrics
+from ledgerlm.telemetry.server import Readiness
 from projections.base import Projection
 from projections.offsets import StaleOffset, advance, load_offsets
 from schemas.codec import DecodeError, decode
@@ -68,7 +70,8 @@ class Projector:
                  crash_after_batches: int | None = None,
                  on_commit: Callable[[str, list[Envelope]], None] | None = None,
                  metrics_path: Path | None = None,
-                 reject: Callable[[TopicPartition, int, Envelope, str], Awaitable[None]] | None = None) -> None:
+                 reject: Callable[[TopicPartition, int, Envelope, str], Awaitable[None]] | None = None,
+                 ready_lag: int = 1000) -> None:
         self.bootstrap = bootstrap
         self.by_topic = {p.topic: p for p in projections}
         self.divert = divert
@@ -83,6 +86,14 @@ class Projector:
         self.metrics_path = metrics_path
         self.reject = reject  # where events the database refused are reported (the CLI: llm.dlq)
         self._batches = 0
+        self.metrics = ProjectorMetrics(lambda: self.stats.applied)
+        self.ready_lag = ready_lag
+        self.lag_measured = False
+
+    def readiness(self) -> Readiness:
+        """Ready: partitions assigned, lag measured since, and no projection more than `ready_lag` records behind."""
+        return Readiness({"assigned": bool(self.assignment), "lag_measured": self.lag_measured,
+                          "caught_up": max(self.stats.lag.values(), default=0) <= self.ready_lag})
 
     def close(self) -> None:
         self.conn.close()
@@ -207,27 +218,30 @@ class Projector:
                 batches = await consumer.getmany(timeout_ms=200, max_records=self.max_records)
                 for tp, records in batches.items():
                     await self._apply_records(consumer, tp, records)
-                if time.monotonic() - last_lag > lag_every_s:
-                    await self._report_lag(consumer)
+                if time.monotonic() - last_lag > lag_every_s and await self._report_lag(consumer):
                     last_lag = time.monotonic()
         finally:
             await consumer.stop()
         return self.stats
 
-    async def _report_lag(self, consumer: AIOKafkaConsumer) -> None:
+    async def _report_lag(self, consumer: AIOKafkaConsumer) -> bool:
+        """Measure, log and expose each projection's lag; False while nothing is assigned yet."""
         assigned = list(consumer.assignment())
         if not assigned:
-            return
+            return False
         ends = await consumer.end_offsets(assigned)
         lag: dict[str, int] = {}
         for tp in assigned:
             name = self.by_topic[tp.topic].name
             lag[name] = lag.get(name, 0) + max(0, ends[tp] - (self.stored.get(tp) or 0))
         self.stats.lag = lag
+        self.metrics.observe_lag(lag)
+        self.lag_measured = True
         for name, behind in sorted(lag.items()):
             log.info("projection lag projection=%s records=%d", name, behind)
         if self.metrics_path is not None:
             write_lag_metric(self.metrics_path, lag)
+        return True
 
     async def catch_up(self, targets: dict[TopicPartition, int] | None = None) -> ProjectorStats:
         """Apply every assigned partition from its stored offset up to `targets` (default: the end now)."""

@@ -26,6 +26,8 @@ from consumers.kafka.clients import make_producer
 from consumers.kafka.dead_letters import dead_letter_for
 from consumers.kafka.follower import Follower
 from ledgerlm.settings import Settings
+from ledgerlm.telemetry.metrics import ControllerMetrics
+from ledgerlm.telemetry.server import Readiness, RoleServer
 from schemas.codec import DecodeError, decode, encode, record_headers, record_key
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
 from schemas.dead_letter import DeadLetter
@@ -66,6 +68,18 @@ class Controller:
         self.ready = asyncio.Event()
         self.decisions = 0
         self.stats = {"batches": 0, "records": 0, "txn_ms_total": 0.0, "txn_ms_max": 0.0}
+        self.registry_caught_up = False
+        self.metrics = ControllerMetrics(lambda: len(self.states), self.live_workers)
+        self.http = RoleServer("controller", self.metrics.registry, self.readiness, settings.metrics_host,
+                               settings.controller_metrics_port)
+
+    def live_workers(self) -> int:
+        now = time.time()
+        return sum(1 for worker_id in list(self.registry.workers) if self.registry.is_live(worker_id, now))
+
+    def readiness(self) -> Readiness:
+        """Ready: the worker/tenant/model registry caught up and this member owns (and rebuilt) partitions."""
+        return Readiness({"registry_caught_up": self.registry_caught_up, "owns_partitions": bool(self.states)})
 
     # -- registries --------------------------------------------------------------------
     def on_registry(self, topic: str, event: Envelope) -> None:
@@ -133,7 +147,9 @@ class Controller:
         if getattr(event, "plane", None) not in (None, self.group):
             return Effects()  # another control plane's command: consumed, not ours to decide
         if isinstance(event, SubmitGeneration):
-            return self.decider.submit(state, event, now)
+            effects = self.decider.submit(state, event, now)
+            self.metrics.observe_submit([reply.http_status for reply in effects.replies])
+            return effects
         if isinstance(event, CancelGeneration):
             return self.decider.cancel(state, event, now)
         if isinstance(event, ReleaseReservation):
@@ -218,6 +234,7 @@ class Controller:
                 producer = self.producers[p]
                 async with producer.transaction():
                     await self.write(producer, p, effects)
+                self.metrics.interrupted.inc(len(effects.generations))
                 for event in effects.generations:
                     log.warning("attempt interrupted generation=%s epoch=%s worker=%s", event.generation_id,
                                 event.epoch, getattr(event, "worker_id", None))
@@ -234,6 +251,7 @@ class Controller:
 
     # -- main loop ---------------------------------------------------------------------------
     async def run(self) -> None:
+        await self.http.start()  # first: a taken port fails the start before anything else runs
         follower = Follower(self.bootstrap, [WORKERS, TENANTS, MODELS], self.on_registry,
                             client_id="controller-registry")
         await follower.start()
@@ -246,6 +264,7 @@ class Controller:
         try:
             # Leases are judged against the registry, so it must be current before any check.
             await asyncio.wait_for(follower.caught_up.wait(), timeout=60)
+            self.registry_caught_up = True
             await self._check_co_partitioning(follower)
             consumer.subscribe([COMMANDS], listener=_Rebalance(self))
             await consumer.start()
@@ -267,6 +286,7 @@ class Controller:
                     next_stats = time.monotonic() + 10
         finally:
             follow_task.cancel()
+            await self.http.stop()
             await consumer.stop()
             await follower.stop()
             for producer in self.producers.values():

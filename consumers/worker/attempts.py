@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from engine.request import FinishReason, RequestOutput
 from schemas.dispatch import StartAttempt
@@ -22,6 +23,12 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return math.ceil(tokens / block_size)
 
 
+def monotonic_of(instant: datetime) -> float:
+    """A wall-clock instant (an event's occurred_at) on this process's monotonic clock, never in the future."""
+    now = time.monotonic()
+    return now - max(0.0, (datetime.now(UTC) - instant).total_seconds())
+
+
 @dataclass
 class Attempt:
     start: StartAttempt
@@ -38,6 +45,12 @@ class Attempt:
     pending_text: list[str] = field(default_factory=list)
     pending_count: int = 0
     flushed_at: float = 0.0
+    # Monotonic instants for the latency metrics: admitted by the controller, accepted here, last token out,
+    # cancel ordered by the controller.
+    admitted_at: float = field(default_factory=time.monotonic)
+    accepted_at: float = field(default_factory=time.monotonic)
+    last_token_at: float | None = None
+    cancel_ordered_at: float | None = None
 
     @property
     def request_id(self) -> str:

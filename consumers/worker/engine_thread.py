@@ -43,6 +43,10 @@ class EngineThread:
         self.inbox.put(None)
         self._thread.join(timeout=10)
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def add(self, request: EngineRequest, weight: float) -> None:
         self.inbox.put(("add", request, weight))
 

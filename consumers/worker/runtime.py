@@ -24,11 +24,14 @@ from aiokafka import AIOKafkaConsumer
 from consumers.kafka.clients import make_producer
 from consumers.kafka.clients import partitions_of
 from consumers.kafka.follower import partition_for
-from consumers.worker.attempts import FINISHES, Attempt, blocks_for
+from consumers.worker.attempts import FINISHES, Attempt, blocks_for, monotonic_of
 from consumers.worker.engine_thread import EngineThread
+from consumers.worker.measure import observe_output
 from engine.request import EngineRequest, RequestOutput
 from engine.request import SamplingParams as EngineSampling
 from ledgerlm.settings import Settings
+from ledgerlm.telemetry.metrics import WorkerMetrics
+from ledgerlm.telemetry.server import Readiness, RoleServer
 from schemas.codec import DecodeError, decode, encode, record_headers, record_key
 from schemas.commands import AttemptRefused, ReleaseReservation
 from schemas.dispatch import CancelAttempt, DrainWorker, StartAttempt
@@ -65,6 +68,19 @@ class Worker:
         self._finishing: set[asyncio.Task] = set()
         self.waiting: list[StartAttempt] = []  # batch attempts waiting for KV room, in arrival order
         self._failure: BaseException | None = None
+        self.metrics = WorkerMetrics(lambda: self._thread.stats if self._thread else None,
+                                     lambda: self.reserved_blocks)
+        self.http = RoleServer("worker", self.metrics.registry, self.readiness, settings.metrics_host,
+                               settings.worker_metrics_port)
+
+    def readiness(self) -> Readiness:
+        """Ready: model loaded, engine thread running, heartbeats acknowledged within a lease, not draining."""
+        thread = self._thread
+        return Readiness({"model_loaded": self.total_blocks > 0,
+                          "engine_running": thread is not None and thread.alive,
+                          "heartbeating": self.ready.is_set() and (
+                              time.monotonic() - self.last_heartbeat_ok) * 1000 < self.settings.lease_ms,
+                          "accepting": not self.draining})
 
     # -- capacity ------------------------------------------------------------------------
     @property
@@ -107,13 +123,14 @@ class Worker:
                      order.generation_id, order.epoch, need, self.free_blocks, len(self.waiting))
             return
         if reason is not None:
+            self.metrics.refused.labels(reason=reason).inc()
             log.info("attempt refused generation=%s epoch=%d reason=%s need_blocks=%d free_blocks=%d",
                      order.generation_id, order.epoch, reason, need, self.free_blocks)
             await (await self.send(COMMANDS, AttemptRefused(
                 tenant_id=order.tenant_id, generation_id=order.generation_id, epoch=order.epoch,
                 worker_id=self.worker_id, reason=reason, attempt=order, plane=self.settings.controller_group)))
             return
-        attempt = Attempt(order, need)
+        attempt = Attempt(order, need, admitted_at=monotonic_of(order.occurred_at))
         self.attempts[request_id] = attempt
         await self.send(GENERATIONS, AttemptStarted(**attempt.scoped, worker_id=self.worker_id))
         remaining_s = (order.deadline_at - datetime.now(UTC)).total_seconds()
@@ -170,6 +187,7 @@ class Worker:
             log.warning("stale cancel ignored generation=%s epoch=%d running_epoch=%s", order.generation_id,
                         order.epoch, attempt.start.epoch if attempt else None)
             return
+        attempt.cancel_ordered_at = monotonic_of(order.occurred_at)
         if order.reason == "lease-expired":
             attempt.fenced = True  # the controller already ended this epoch as Interrupted
         self._thread.abort(attempt.request_id)
@@ -189,6 +207,7 @@ class Worker:
     def refuse_from_engine(self, request_id: str, reason: str) -> None:
         attempt = self.attempts.pop(request_id, None)
         if attempt is not None:
+            self.metrics.refused.labels(reason="engine").inc()
             asyncio.get_running_loop().create_task(self.send(COMMANDS, AttemptRefused(
                 tenant_id=attempt.start.tenant_id, generation_id=attempt.start.generation_id,
                 epoch=attempt.start.epoch, worker_id=self.worker_id, reason=reason, attempt=attempt.start,
@@ -199,6 +218,7 @@ class Worker:
         attempt = self.attempts.get(output.request_id)
         if attempt is None:
             return
+        observe_output(self.metrics, attempt, output, time.monotonic())
         attempt.observe(output)
         if attempt.fenced:
             if output.finished:
@@ -322,6 +342,7 @@ class Worker:
             await asyncio.sleep(interval)
 
     async def run(self) -> None:
+        await self.http.start()  # first: a taken port fails the start before anything else runs
         loop = asyncio.get_running_loop()
         self._thread = EngineThread(self.engine, lambda outs: loop.call_soon_threadsafe(self.outputs.put_nowait, outs),
                                     lambda rid, why: loop.call_soon_threadsafe(self.refuse_from_engine, rid, why),
@@ -359,6 +380,7 @@ class Worker:
             except Exception as exc:
                 log.warning("final heartbeat failed worker=%s error=%s", self.worker_id, type(exc).__name__)
             self._thread.stop()
+            await self.http.stop()
             await self.consumer.stop()
             await self.producer.stop()
             self.stopped.set()

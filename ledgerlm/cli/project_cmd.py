@@ -30,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_project(args: argparse.Namespace) -> int:
     from consumers.kafka.clients import make_producer
     from consumers.kafka.dead_letters import DeadLetterRouter
+    from ledgerlm.telemetry.server import RoleServer
     from projections.registry import select
     from projections.runtime import Projector
 
@@ -48,7 +49,8 @@ def run_project(args: argparse.Namespace) -> int:
         projector = Projector(bootstrap, database_url(settings), projections, reject=router.refused_by_projection,
                               divert=router.decode_or_divert, group_id=settings.projector_group,
                               crash_after_batches=settings.projector_crash_after_batches,
-                              metrics_path=settings.home / "metrics" / "projector.prom")
+                              metrics_path=settings.home / "metrics" / "projector.prom",
+                              ready_lag=settings.projector_ready_lag)
         try:
             if args.once:
                 stats = await projector.catch_up()
@@ -57,7 +59,13 @@ def run_project(args: argparse.Namespace) -> int:
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.add_signal_handler(sig, stop.set)
-                stats = await projector.run(stop)
+                http = RoleServer("projector", projector.metrics.registry, projector.readiness,
+                                  settings.metrics_host, settings.projector_metrics_port)
+                await http.start()
+                try:
+                    stats = await projector.run(stop, lag_every_s=settings.projector_lag_interval_s)
+                finally:
+                    await http.stop()
             return {"applied": stats.applied, "deadLettered": stats.dead_lettered, "refused": stats.refused,
                     "staleRefusals": stats.stale_refusals}
         finally:

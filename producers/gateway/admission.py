@@ -13,6 +13,7 @@ import time
 import uuid
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from prometheus_client import Histogram
 
 from consumers.kafka.clients import make_producer, publish
 from consumers.kafka.clients import partitions_of
@@ -26,7 +27,8 @@ log = logging.getLogger(__name__)
 
 
 class AdmissionClient:
-    def __init__(self, bootstrap: str, controller_group: str, gateway_id: str | None = None) -> None:
+    def __init__(self, bootstrap: str, controller_group: str, gateway_id: str | None = None,
+                 latency: Histogram | None = None) -> None:
         self.bootstrap = bootstrap
         self.controller_group = controller_group
         self.gateway_id = gateway_id or f"gw-{uuid.uuid4().hex[:12]}"
@@ -34,6 +36,11 @@ class AdmissionClient:
         self.consumer: AIOKafkaConsumer | None = None
         self.waiting: dict[str, asyncio.Future[AdmissionDecision]] = {}
         self._task: asyncio.Task | None = None
+        self.latency = latency  # observes publish -> decision of every answered command
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
 
     async def start(self) -> None:
         # linger 0: a caller waits on every command, so there is nothing to gain by holding it back
@@ -80,13 +87,15 @@ class AdmissionClient:
         publishing the command and then awaiting the reply."""
         future = asyncio.get_running_loop().create_future()
         self.waiting[command.correlation_id] = future
-        started = time.perf_counter()
         try:
+            started = time.perf_counter()
             await publish(self.producer, COMMANDS, command)
             published = time.perf_counter()
             decision = await asyncio.wait_for(future, timeout_s)
             if timing is not None:
                 timing.extend(((published - started) * 1000, (time.perf_counter() - published) * 1000))
+            if self.latency is not None:
+                self.latency.observe(time.perf_counter() - started)
             return decision
         except asyncio.TimeoutError:
             return None

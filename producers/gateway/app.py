@@ -4,6 +4,7 @@
     GET  /v1/generations/{id}          status (404 for unknown or another tenant's id)
     GET  /v1/generations/{id}/events   SSE stream of the generation; resumes after Last-Event-ID / ?after= (streams.py)
     POST /v1/generations/{id}/cancel   202 canceling | 200 already ended | 404
+    GET  /healthz, /readyz, /metrics   alive | ready (Kafka clients running, database answers) | Prometheus text
     GET  /v1/usage?from=&to=           the caller's sealed usage per hour (from the billing projection)
     /v1/models, /v1/completions, /v1/chat/completions   OpenAI-compatible (`openai_api.py`)
 
@@ -20,14 +21,18 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Query, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from consumers.kafka.follower import Follower
 from ledgerlm.settings import Settings
-from producers.gateway import errors, openai_api
+from ledgerlm.telemetry.metrics import GatewayMetrics, exposition
+from ledgerlm.telemetry.server import Readiness
+from producers.gateway import errors, openai_api, openapi_doc
 from producers.gateway.admission import AdmissionClient
 from producers.gateway.bridge import StreamBridge
 from producers.gateway.database import GatewayDatabase, Principal
 from producers.gateway.errors import ApiError
+from producers.gateway.middleware import BodyLimit, ResponseMetrics
 from producers.gateway.presence import Presence
 from producers.gateway.prompts import ModelCatalog
 from producers.gateway.requests import GenerationRequest
@@ -53,20 +58,22 @@ class Gateway:
     db: GatewayDatabase
     catalog: ModelCatalog
     models: Follower
+    metrics: GatewayMetrics
     presence: Presence = field(default_factory=Presence)
     deliveries: set = field(default_factory=set)  # the open streams' queues (BoundedDelivery), for bounds and metrics
 
     @classmethod
     def create(cls, settings: Settings, bootstrap: str, database_url: str) -> "Gateway":
         catalog = ModelCatalog()
+        metrics = GatewayMetrics()
 
         def on_model(_topic, event):
             if isinstance(event, ModelVersionRegistered):
                 catalog.observe(event)
 
-        return cls(settings, AdmissionClient(bootstrap, settings.controller_group), StreamBridge(bootstrap),
-                   GatewayDatabase(database_url), catalog,
-                   Follower(bootstrap, [MODELS], on_model, client_id="gateway-models"))
+        return cls(settings, AdmissionClient(bootstrap, settings.controller_group, latency=metrics.admission_latency),
+                   StreamBridge(bootstrap), GatewayDatabase(database_url), catalog,
+                   Follower(bootstrap, [MODELS], on_model, client_id="gateway-models"), metrics)
 
     async def start(self) -> None:
         await self.db.start()
@@ -95,6 +102,12 @@ class Gateway:
                 log.info("canceled after disconnect generation=%s grace_s=%.1f status=%s", generation_id, grace,
                          decision.http_status if decision else "no-decision")
 
+    async def readiness(self) -> Readiness:
+        """Ready: the admission client, stream bridge and model follower run and the database answers."""
+        return Readiness({"admission": self.admission.running, "bridge": self.bridge.running,
+                          "models": self.models.caught_up.is_set() and not self._models_task.done(),
+                          "database": await self.db.ping()})
+
     async def stop(self) -> None:
         self._presence_task.cancel()
         self._models_task.cancel()
@@ -119,6 +132,8 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
     app.stall_timeout_s = settings.stream_stall_timeout_s
     app.state.gateway = gateway
     errors.install(app)
+    app.add_middleware(BodyLimit, limit=settings.max_request_body_bytes)
+    app.add_middleware(ResponseMetrics, metrics=gateway.metrics)
     timeout_s = settings.admission_timeout_ms / 1000
 
     async def principal_of(request: Request) -> Principal:
@@ -149,6 +164,15 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
     @app.get("/healthz")
     async def healthz():
         return {"ok": True, "gatewayId": gateway.admission.gateway_id, "models": sorted(gateway.catalog.versions)}
+
+    @app.get("/readyz", responses={503: {"description": "not ready: the failing checks are false"}})
+    async def readyz():
+        readiness = await gateway.readiness()
+        return JSONResponse(readiness.as_json(), status_code=200 if readiness.ready else 503)
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics():
+        return Response(exposition(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/generations")
     async def create_generation(body: GenerationRequest, request: Request, wait: bool = False):
@@ -263,4 +287,5 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
                              "requestId": decision.request_id}, status_code=decision.http_status)
 
     app.include_router(openai_api.router(gateway))
+    openapi_doc.install(app)
     return app

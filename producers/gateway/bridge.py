@@ -114,6 +114,10 @@ class StreamBridge:
         self._tasks = [asyncio.create_task(self.follower.run(), name="bridge-follow"),
                        asyncio.create_task(self._sweep(), name="bridge-sweep")]
 
+    @property
+    def running(self) -> bool:
+        return bool(self._tasks) and not any(task.done() for task in self._tasks)
+
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()

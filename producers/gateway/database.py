@@ -55,6 +55,13 @@ class GatewayDatabase:
         if self.conn is not None:
             await self.conn.close()
 
+    async def ping(self) -> bool:
+        """The database answers `SELECT 1` (reconnecting once); False on any database error."""
+        try:
+            return await self._fetchone("SELECT 1", ()) is not None
+        except psycopg.Error:
+            return False
+
     async def _fetchone(self, sql: str, params: tuple):
         async with self.lock:
             try:

@@ -39,6 +39,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def on_invalid(_request: Request, exc: RequestValidationError):
         errors = exc.errors()
+        if errors and errors[0]["type"] == "json_invalid":
+            reason = errors[0].get("ctx", {}).get("error", "malformed")
+            return error_response(400, "invalid_json", f"the body is not JSON: {reason}")
         fields = [".".join(str(p) for p in e["loc"] if p != "body") or "body" for e in errors]
         first = errors[0] if errors else {"msg": "invalid request"}
         return error_response(400, "invalid_request", f"{fields[0] if fields else 'body'}: {first['msg']}",
@@ -46,5 +49,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(_request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400:  # FastAPI's answer to a JSON body it could not read (e.g. invalid UTF-8)
+            return error_response(400, "invalid_json", f"{exc.detail}: the body must be JSON in UTF-8")
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail))

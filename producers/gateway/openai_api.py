@@ -140,6 +140,8 @@ class OpenAIApi:
             body = kind.model_validate(await request.json())
         except json.JSONDecodeError as exc:
             raise ApiError(400, "invalid_json", f"the body is not JSON: {exc.msg}") from None
+        except UnicodeDecodeError as exc:
+            raise ApiError(400, "invalid_json", f"the body is not UTF-8: byte {exc.start} is invalid") from None
         except ValidationError as exc:
             raise validation_error(exc) from None
         body.check_supported()

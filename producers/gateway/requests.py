@@ -20,12 +20,13 @@ class GenerationRequest(BaseModel):
     model: str = Field(min_length=1, max_length=256)
     input: str | None = Field(default=None, max_length=200_000)
     messages: list[Message] | None = Field(default=None, min_length=1, max_length=256)
-    max_output_tokens: int = Field(alias="maxOutputTokens", ge=1, le=1_000_000)
+    # Strict: a limit sent as "8", 8.0 or true is a mistake to name, not to guess at.
+    max_output_tokens: int = Field(alias="maxOutputTokens", ge=1, le=1_000_000, strict=True)
     stream: bool = False
     temperature: float = Field(default=0.0, ge=0.0, le=10.0)
     top_p: float = Field(default=1.0, alias="topP", gt=0.0, le=1.0)
-    top_k: int = Field(default=0, alias="topK", ge=0)
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    top_k: int = Field(default=0, alias="topK", ge=0, strict=True)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1, strict=True)
     stop: list[str] | str | None = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, alias="stopTokenIds",
                                                               max_length=256)

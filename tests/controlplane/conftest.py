@@ -50,6 +50,7 @@ TENANTS = {  # name suffix -> limits
     "kill": TenantLimits(max_concurrency=1),
     "restart": TenantLimits(max_concurrency=1),
     "drain": TenantLimits(),
+    "metrics": TenantLimits(),  # test_metrics.py's own, so its per-tenant counters are exact
 }
 
 
@@ -126,6 +127,14 @@ class Process:
             assert self.proc.poll() is None, f"{self.args[0]} exited {self.proc.returncode}:\n{text[-3000:]}"
             await asyncio.sleep(0.1)
         raise AssertionError(f"{self.args[0]}: no {fragment!r} in {timeout_s}s:\n{self.log.read_text()[-3000:]}")
+
+    async def metrics_url(self, timeout_s: float = 30) -> str:
+        """Where this role's /metrics, /healthz and /readyz listen (the port its latest start logged)."""
+        import re
+
+        await self.wait_for_log("metrics listening", timeout_s)
+        host, port = re.findall(r"metrics listening role=\S+ host=(\S+) port=(\d+)", self.log.read_text())[-1]
+        return f"http://{host}:{port}"
 
     def log_size(self) -> int:
         return self.log.stat().st_size if self.log.exists() else 0

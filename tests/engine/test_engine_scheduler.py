@@ -101,3 +101,18 @@ def test_abort_of_waiting_request_cancels_without_tokens(make_engine):
     assert [(o.finish_reason, o.new_token_ids) for o in outputs["queued"]] == [(FinishReason.CANCELLED, ())]
     assert len(first[0].new_token_ids + tuple(tokens_of(outputs["running"]))) == 5
     assert engine.stats().num_waiting == 0 and engine.stats().num_running == 0
+
+
+def test_queue_time_is_arrival_to_first_scheduling_on_the_engine_clock(make_engine):
+    now = [10.0]
+    engine = make_engine(max_num_seqs=1, clock=lambda: now[0])
+    engine.add_request(make_request("first", [5] * 10, max_tokens=3))
+    engine.add_request(make_request("second", [6] * 10, max_tokens=2))
+    outputs: dict[str, list] = {}
+    while engine.has_unfinished():
+        now[0] += 0.5  # every step takes half a second of engine time
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).append(out)
+    # "first" ran at the first step (t=10.5); "second" waited for its slot until "first" ended at t=11.5.
+    assert {o.queue_time_s for o in outputs["first"]} == {0.5}
+    assert {o.queue_time_s for o in outputs["second"]} == {2.0}

@@ -1,0 +1,30 @@
+"""The worker's latency and token metrics, observed from each engine output of an attempt.
+
+    admitted (StartAttempt.occurred_at) ─ queue ─▶ first scheduled ─▶ first token: TTFT
+    first token ─ ITL ─▶ next token ─ ITL ─▶ … ─▶ end: e2e (from admitted)
+    CancelAttempt.occurred_at ─ cancellation lag ─▶ removed at a step boundary
+"""
+from __future__ import annotations
+
+from consumers.worker.attempts import FINISHES, Attempt
+from engine.request import FinishReason, RequestOutput
+from ledgerlm.telemetry.metrics import WorkerMetrics
+
+
+def observe_output(metrics: WorkerMetrics, attempt: Attempt, output: RequestOutput, now: float) -> None:
+    """Record what this output tells: call once per output, before the attempt's state moves on."""
+    if output.new_token_ids:
+        if attempt.last_token_at is None:
+            metrics.ttft.observe(now - attempt.admitted_at)
+            if output.queue_time_s is not None:
+                metrics.queue_time.observe(attempt.accepted_at - attempt.admitted_at + output.queue_time_s)
+            metrics.served(attempt.start.tenant_id, output.num_prompt_tokens, 0)
+        else:
+            metrics.itl.observe(now - attempt.last_token_at)
+        attempt.last_token_at = now
+        metrics.served(attempt.start.tenant_id, 0, len(output.new_token_ids))
+    if output.finished:
+        metrics.e2e.observe(now - attempt.admitted_at)
+        metrics.finished.labels(finished_reason=FINISHES[output.finish_reason][2]).inc()
+        if output.finish_reason == FinishReason.CANCELLED and attempt.cancel_ordered_at is not None:
+            metrics.cancellation_lag.observe(now - attempt.cancel_ordered_at)

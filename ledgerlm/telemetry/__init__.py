@@ -1,0 +1,1 @@
+"""Metrics and health endpoints shared by every role."""
