@@ -28,12 +28,12 @@ class GenerationRequest(BaseModel):
     top_k: int = Field(default=0, alias="topK", ge=0, strict=True)
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1, strict=True)
     stop: list[str] | str | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, alias="stopTokenIds",
+    stop_token_ids: list[Annotated[int, Field(ge=0, strict=True)]] = Field(default_factory=list, alias="stopTokenIds",
                                                               max_length=256)
     # Load-testing conveniences (vLLM's names): run to maxOutputTokens whatever the model says, or at least
     # minTokens before EOS, a stop token id or a stop string may end the generation.
     ignore_eos: bool = Field(default=False, alias="ignoreEos")
-    min_tokens: int = Field(default=0, alias="minTokens", ge=0)
+    min_tokens: int = Field(default=0, alias="minTokens", ge=0, strict=True)
     tier: Literal["interactive", "batch"] = "interactive"
 
     @model_validator(mode="after")

@@ -106,9 +106,16 @@ async def test_cancellation_lag_is_observed(gateway, worker, tenants, versions):
     bridge = gateway.gateway.bridge
     await wait_until(lambda: (v := bridge.view(gen_id)) and len(v.tokens) >= 2, 20, what="first tokens")
     await gateway.post(f"/v1/generations/{gen_id}/cancel", headers=tenants["main"].headers)
-    await wait_until(lambda: (v := bridge.view(gen_id)) and v.final, 20, what="canceled end")
-    after = await scrape(worker_url(worker))
+    view = await wait_until(lambda: (v := bridge.view(gen_id)) and v.final and v, 20, what="canceled end")
+    assert view.final.reason == "canceled"
     name = "ledgerlm:cancellation_lag_seconds"
+    deadline = asyncio.get_running_loop().time() + 5
+    while True:  # the worker records the lag next to, not before, the events the bridge has already seen
+        after = await scrape(worker_url(worker))
+        if value(after, f"{name}_count") > value(before, f"{name}_count") or \
+                asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.1)
     assert value(after, f"{name}_count") - value(before, f"{name}_count") == 1
     lag = value(after, f"{name}_sum") - value(before, f"{name}_sum")
     assert 0 < lag < 5
