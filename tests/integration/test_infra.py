@@ -75,7 +75,7 @@ def test_a_failed_format_reports_the_storage_tool_error(tmp_path, settings):
     bad = node.dir / "server.properties"
     bad.write_text("process.roles=broker,controller\n")  # no node.id, no log.dirs
     with pytest.raises(InfraError, match="Kafka storage tool `format` failed"):
-        node._format(node.java(), bad)
+        node._format(node.java(), bad, None)
 
 
 def test_topics_ensure_cli_reports_no_drift(services, topics):
