@@ -13,6 +13,7 @@ and stopped at the end, whatever happened.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import time
@@ -34,6 +35,7 @@ from schemas.topics import DAY_MS, TopicSpec
 
 PROBE_SPEC = TopicSpec(faults.PROBE_TOPIC, "key", (), "delete", DAY_MS, partitions=3, min_insync_replicas=2,
                        description="acks=all probe records of the chaos run")
+log = logging.getLogger("ledgerlm.chaos")
 ROLE_ENV = {
     "LEDGERLM_LEASE_MS": "3000",
     "LEDGERLM_HEARTBEAT_INTERVAL_MS": "250",
@@ -76,6 +78,7 @@ async def run_chaos_bench(config: ChaosConfig) -> dict:
     shutil.rmtree(config.home, ignore_errors=True)
     endpoints = await asyncio.to_thread(services.up)
     startup_s = round(time.monotonic() - began, 1)
+    log.info("chaos stack up brokers=%d seconds=%.1f", config.brokers, startup_s)
     roles: dict[str, Role] = {}
     try:
         return await _run(config, settings, services, endpoints.kafka_bootstrap, endpoints.database_url, roles,
@@ -97,8 +100,9 @@ async def _run(config: ChaosConfig, settings: Settings, services: LocalServices,
     workers = iter(range(1, 1000))
 
     def new_worker() -> Role:
-        return Role("worker", ["worker", "--model-version", setup["model"], "--worker-id", f"{plane}-w{next(workers)}"],
-                    env, logs / "worker.log")
+        n = next(workers)
+        return Role("worker", ["worker", "--model-version", setup["model"], "--worker-id", f"{plane}-w{n}"], env,
+                    logs / f"worker-{n}.log")
 
     roles.update({"controller": Role("controller", ["controller"], env, logs / "controller.log"),
                   "worker": new_worker(), "projector": Role("projector", ["project"], env, logs / "projector.log"),
@@ -118,6 +122,7 @@ async def _run(config: ChaosConfig, settings: Settings, services: LocalServices,
     try:
         await wait_admitting(https[0], setup["model"], roles["gateway"])
         ready_s = round(time.monotonic() - cluster.pop("began"), 1)
+        log.info("platform admitting seconds=%.1f", ready_s)
         target = faults.Plane(services, bootstrap, database_url, roles, new_worker)
         results, fault_log, probe = await load_under_faults(config, https, setup["model"], setup["prompts"], target)
         report = await measure(config, settings, bootstrap, database_url, plane, setup, results, probe)
@@ -188,8 +193,9 @@ async def load_under_faults(config: ChaosConfig, https: list[httpx.AsyncClient],
              lambda: faults.rebuild_projections(target, fault_log),
              lambda: faults.inject_usage(target, fault_log, load.ended_generation_ids()))
     try:
-        for step in steps:
+        for number, step in enumerate(steps, start=1):
             await asyncio.sleep(config.gap_s)
+            log.info("fault %d/%d starting clients=%d", number, len(steps), len(load.clients))
             await step()
         await asyncio.sleep(config.gap_s)  # some generations through the healed platform
     finally:
@@ -203,6 +209,7 @@ async def measure(config: ChaosConfig, settings: Settings, bootstrap: str, datab
                   results: list[ClientResult], probe: faults.Probe) -> dict:
     from projections.audit import audit_replay
 
+    log.info("load over generations=%d; checking", len(results))
     stuck = await checks.count_stuck(database_url, results, config.settle_s)
     unreleased = await checks.wait_released(bootstrap, plane, setup["tenant_ids"], config.settle_s)
     events = await checks.generation_events(bootstrap)

@@ -1,6 +1,6 @@
 """The faults of the chaos run, each a coroutine that injects one fault and returns when it is over.
 
-    worker     kill -9 the worker, start a new one (new id); its attempts end `interrupted` after the lease
+    worker     start a new worker (new id), kill -9 the old one; its attempts end `interrupted` after the lease
     broker     kill -9 the broker leading llm.generations partition 0, leave it down, start it again
     postgres   stop (fast) and start PostgreSQL on the same port
     projector  kill -9 the projector and start it again (it resumes from the offsets it stored)
@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from schemas.lifecycle import TERMINAL_TYPES, UsageReported
 from schemas.topics import GENERATIONS
 
 PROBE_TOPIC = "chaos.probe"
+log = logging.getLogger("ledgerlm.chaos")
 
 
 @dataclass
@@ -36,8 +38,9 @@ class FaultLog:
     faults: list[dict] = field(default_factory=list)
     began: float = field(default_factory=time.monotonic)
 
-    def record(self, kind: str, **details: object) -> None:
+    def add(self, kind: str, **details: object) -> None:
         self.faults.append({"fault": kind, "at_s": round(time.monotonic() - self.began, 1), **details})
+        log.info("fault done %s", self.faults[-1])
 
 
 @dataclass
@@ -51,24 +54,26 @@ class Plane:
     new_worker: Callable[[], Role]  # a worker role with a fresh worker id, not started
 
 
-async def kill_worker(plane: Plane, log: FaultLog) -> None:
-    old = plane.roles["worker"]
-    old.kill9()
-    replacement = plane.new_worker()
-    replacement.crash_restarts = old.crash_restarts
+async def kill_worker(plane: Plane, journal: FaultLog) -> None:
+    """The replacement starts first (a model load takes seconds on a busy machine); then the old one dies with
+    its attempts in flight."""
+    old, replacement = plane.roles["worker"], plane.new_worker()
     mark = replacement.log_size()
-    plane.roles["worker"] = replacement.start()
+    replacement.start()
     await replacement.wait_for_log("worker ready", 120, after=mark)
-    log.record("worker_kill9", replacement=replacement.args[-1])
+    old.kill9()
+    replacement.crash_restarts = old.crash_restarts
+    plane.roles["worker"] = replacement
+    journal.add("worker_kill9", killed=old.args[-1], replacement=replacement.args[-1])
 
 
-async def kill_broker(plane: Plane, log: FaultLog, down_s: float) -> None:
+async def kill_broker(plane: Plane, journal: FaultLog, down_s: float) -> None:
     index = await leader_of(plane.bootstrap, GENERATIONS, 0)
     killed = await asyncio.to_thread(plane.services.kill_broker, index)
     await asyncio.sleep(down_s)
     began = time.monotonic()
     await asyncio.to_thread(plane.services.start_broker, index)
-    log.record("broker_kill9", broker=index, killed=killed, down_s=down_s,
+    journal.add("broker_kill9", broker=index, killed=killed, down_s=down_s,
                restart_s=round(time.monotonic() - began, 1))
 
 
@@ -82,7 +87,7 @@ async def leader_of(bootstrap: str, topic: str, partition: int) -> int:
     return next(p["leader"] for p in described[0]["partitions"] if p["partition"] == partition)
 
 
-async def restart_postgres(plane: Plane, log: FaultLog) -> None:
+async def restart_postgres(plane: Plane, journal: FaultLog) -> None:
     settings = plane.services.settings
     began = time.monotonic()
 
@@ -94,25 +99,25 @@ async def restart_postgres(plane: Plane, log: FaultLog) -> None:
         state.save(settings.state_file)
 
     await asyncio.to_thread(restart)
-    log.record("postgres_restart", seconds=round(time.monotonic() - began, 1))
+    journal.add("postgres_restart", seconds=round(time.monotonic() - began, 1))
 
 
-async def kill_projector(plane: Plane, log: FaultLog) -> None:
+async def kill_projector(plane: Plane, journal: FaultLog) -> None:
     projector = plane.roles["projector"]
     projector.kill9()
     await asyncio.sleep(1.0)
     projector.start()
-    log.record("projector_kill9")
+    journal.add("projector_kill9")
 
 
-async def rebuild_projections(plane: Plane, log: FaultLog) -> None:
+async def rebuild_projections(plane: Plane, journal: FaultLog) -> None:
     """Drop the database under a running gateway; the projector rebuilds everything from offset 0."""
     projector = plane.roles["projector"]
     projector.stop()
     began = time.monotonic()
     await asyncio.to_thread(recreate_database, plane.database_url)
     projector.start()
-    log.record("projections_dropped_and_rebuilt", recreate_s=round(time.monotonic() - began, 1))
+    journal.add("projections_dropped_and_rebuilt", recreate_s=round(time.monotonic() - began, 1))
 
 
 def recreate_database(database_url: str) -> None:
@@ -123,7 +128,7 @@ def recreate_database(database_url: str) -> None:
     runner.upgrade(database_url)
 
 
-async def inject_usage(plane: Plane, log: FaultLog, generation_ids: set[str], limit: int = 5) -> int:
+async def inject_usage(plane: Plane, journal: FaultLog, generation_ids: set[str], limit: int = 5) -> int:
     """Duplicate and late usage reports for up to `limit` ended generations of the run; returns how many."""
     events = await generation_events(plane.bootstrap)
     ended = {e.generation_id for e in events if e.type in TERMINAL_TYPES} & generation_ids
@@ -147,7 +152,7 @@ async def inject_usage(plane: Plane, log: FaultLog, generation_ids: set[str], li
                 injected += 1
     finally:
         await producer.stop()
-    log.record("usage_duplicates_and_late", generations=len(chosen), reports=injected)
+    journal.add("usage_duplicates_and_late", generations=len(chosen), reports=injected)
     return injected
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+import signal
 from pathlib import Path
 
 from ledgerlm.settings import Settings
@@ -28,6 +30,12 @@ def register_chaos(bench: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from bench.chaos_bench import ChaosConfig, run_chaos_bench
     from engine.demo_model import build_demo_model
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # a killed broker is the point of the run
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # SIGTERM unwinds like Ctrl-C, so the run's own cluster, database and roles are stopped.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     settings = Settings()
     model_dir = args.model_dir or settings.home / "models" / "demo-tiny"
