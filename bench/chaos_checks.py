@@ -21,7 +21,7 @@ import psycopg
 from aiokafka import AIOKafkaConsumer
 
 from bench.chaos_clients import ClientResult
-from consumers.kafka.clients import partitions_of
+from consumers.kafka.clients import partitions_of, read_to_end
 from schemas.codec import DecodeError, decode
 from schemas.lifecycle import TERMINAL_TYPES
 from schemas.topics import CONTROL_CHANGELOG, GENERATIONS
@@ -47,12 +47,8 @@ async def read_log(bootstrap: str, topic: str) -> list[LogRecord]:
         tps = await partitions_of(consumer, topic)
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        pending = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
-        while pending:
-            for tp, records in (await consumer.getmany(*pending, timeout_ms=500)).items():
-                found.extend(LogRecord(tp.partition, r.offset, r.key, r.value) for r in records)
-            pending = {tp for tp in pending if await consumer.position(tp) < ends[tp]}
+        async for tp, records in read_to_end(consumer, tps):
+            found.extend(LogRecord(tp.partition, r.offset, r.key, r.value) for r in records)
     finally:
         await consumer.stop()
     return found
