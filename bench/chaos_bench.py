@@ -27,7 +27,7 @@ import httpx
 from bench import chaos_checks as checks
 from bench import chaos_faults as faults
 from bench.chaos_clients import ClientResult, SteadyLoad
-from bench.chaos_roles import Role, supervise
+from bench.chaos_roles import Role, stop_all, supervise
 from infra.ports import free_port
 from infra.services import LocalServices
 from ledgerlm.settings import Settings
@@ -84,8 +84,7 @@ async def run_chaos_bench(config: ChaosConfig) -> dict:
         return await _run(config, settings, services, endpoints.kafka_bootstrap, endpoints.database_url, roles,
                           {"brokers": config.brokers, "startup_s": startup_s, "began": began})
     finally:
-        for role in roles.values():
-            role.stop()
+        await asyncio.to_thread(stop_all, list(roles.values()))
         await asyncio.to_thread(services.down)
 
 

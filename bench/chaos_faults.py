@@ -1,6 +1,6 @@
 """The faults of the chaos run, each a coroutine that injects one fault and returns when it is over.
 
-    worker     start a new worker (new id), kill -9 the old one; its attempts end `interrupted` after the lease
+    worker     kill -9 the worker, start a new one (new id); its attempts end `interrupted` after the lease
     broker     kill -9 the broker leading llm.generations partition 0, leave it down, start it again
     postgres   stop (fast) and start PostgreSQL on the same port
     projector  kill -9 the projector and start it again (it resumes from the offsets it stored)
@@ -55,15 +55,12 @@ class Plane:
 
 
 async def kill_worker(plane: Plane, journal: FaultLog) -> None:
-    """The replacement starts first (a model load takes seconds on a busy machine); then the old one dies with
-    its attempts in flight."""
+    """kill -9 the worker with its attempts in flight and start another: until the new one has loaded its model
+    and heartbeated, admissions are 503 and clients retry."""
     old, replacement = plane.roles["worker"], plane.new_worker()
-    mark = replacement.log_size()
-    replacement.start()
-    await replacement.wait_for_log("worker ready", 120, after=mark)
     old.kill9()
     replacement.crash_restarts = old.crash_restarts
-    plane.roles["worker"] = replacement
+    plane.roles["worker"] = replacement.start()
     journal.add("worker_kill9", killed=old.args[-1], replacement=replacement.args[-1])
 
 

@@ -59,14 +59,30 @@ class Role:
             self.proc.wait(timeout=10)  # type: ignore[union-attr]
 
     def stop(self) -> None:
+        self.terminate()
+        self.wait_stopped()
+
+    def terminate(self) -> None:
         self.supervised = False
         if self.running:
             self.proc.terminate()  # type: ignore[union-attr]
-            try:
-                self.proc.wait(timeout=15)  # type: ignore[union-attr]
-            except subprocess.TimeoutExpired:
-                self.proc.kill()  # type: ignore[union-attr]
-                self.proc.wait()  # type: ignore[union-attr]
+
+    def wait_stopped(self, timeout_s: float = 15) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def stop_all(roles: list[Role]) -> None:
+    """SIGTERM every role at once, then wait for each: shutdowns run side by side."""
+    for role in roles:
+        role.terminate()
+    for role in roles:
+        role.wait_stopped()
 
 
 async def supervise(roles: dict[str, Role], stop: asyncio.Event, every_s: float = 0.5) -> None:

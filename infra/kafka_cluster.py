@@ -68,8 +68,8 @@ class KafkaCluster:
         return self._node(index).kill(records[index - 1])
 
     def stop(self, records: list[ServiceRecord]) -> bool:
-        stopped = [node.stop(record) for node, record in zip(self.nodes, records)]
-        return any(stopped)
+        with ThreadPoolExecutor(self.size) as pool:  # controlled shutdowns side by side
+            return any(list(pool.map(lambda node, record: node.stop(record), self.nodes, records)))
 
     def running(self, records: list[ServiceRecord]) -> list[bool]:
         return [node.is_ours_running(record) for node, record in zip(self.nodes, records)]

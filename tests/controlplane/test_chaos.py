@@ -15,14 +15,14 @@ FAULTS = ["worker_kill9", "broker_kill9", "postgres_restart", "projector_kill9",
 
 async def test_every_fault_once_under_load_loses_repeats_and_overbills_nothing(model_dir):
     config = ChaosConfig(home=Settings().home / "test-chaos-stack", model_dir=model_dir, rate=1.5,
-                         min_generations=16, output_tokens=24, gap_s=2.0, broker_down_s=5.0, settle_s=60.0,
+                         min_generations=16, output_tokens=24, gap_s=1.5, broker_down_s=4.0, settle_s=60.0,
                          client_deadline_s=150.0)
     report = await run_chaos_bench(config)
 
     assert {key: report[key] for key in ZERO_KEYS} == dict.fromkeys(ZERO_KEYS, 0), report
     assert [fault["fault"] for fault in report["fault_log"]] == FAULTS
     broker = report["fault_log"][1]
-    assert broker["killed"] is True and broker["down_s"] == 5.0
+    assert broker["killed"] is True and broker["down_s"] == 4.0
     assert report["generations"]["admitted"] >= 16
     assert report["reports"]["usage_reports_on_log"] > 0 and report["fault_log"][-1]["reports"] > 0
     assert report["probe"]["acked"] > 0
