@@ -42,6 +42,12 @@ class LocalServices:
         url = self.settings.database_url or (self.postgres.url(state.postgres.port) if state.postgres.port else None)
         return Endpoints(bootstrap, url)
 
+    def local_brokers(self) -> int | None:
+        """How many brokers this home's Kafka has (live or not); None when Kafka is external."""
+        if self.settings.kafka_bootstrap:
+            return None
+        return len(ServicesState.load(self.settings.state_file).kafka_brokers) or 1
+
     def up(self) -> Endpoints:
         """Start whatever is local and not running; wait until both are healthy."""
         state = ServicesState.load(self.settings.state_file)
