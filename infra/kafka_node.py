@@ -1,6 +1,9 @@
-"""A single-node Apache Kafka 4 (KRaft, broker+controller) run from Maven-resolved jars.
+"""One Apache Kafka 4 node (KRaft, broker+controller) run from Maven-resolved jars.
 
-Layout under `<home>/kafka/`:
+Alone it is a single-node cluster (`--standalone` quorum); given a `Quorum` it is
+one voter of a multi-node cluster (see `infra/kafka_cluster.py`).
+
+Layout under `<home>/kafka/` (or the directory the cluster gives it):
     jars/              every runtime jar (`mvn dependency:copy-dependencies`)
     server.properties  written on each start from the chosen ports
     log4j2.properties  broker logs go to broker.log, not the terminal
@@ -11,11 +14,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import InfraError
 from infra.ports import free_port, is_port_open
-from infra.processes import cmdline, is_alive, spawn, terminate
+from infra.processes import cmdline, is_alive, kill_group, spawn, terminate
 from infra.state import ServiceRecord
 
 POM = Path(__file__).parent / "kafka" / "pom.xml"
@@ -38,13 +42,31 @@ logger.apache.level = WARN
 """
 
 
-class KafkaNode:
-    """Resolves, formats, starts and stops the local broker; knows nothing of topics."""
+@dataclass(frozen=True)
+class Quorum:
+    """The static controller quorum of a multi-node cluster: every node is a voter."""
 
-    def __init__(self, home: Path, heap: str = "768m", jars: Path | None = None) -> None:
-        self.dir = home / "kafka"
+    cluster_id: str
+    controller_ports: tuple[int, ...]  # node i+1 listens for the quorum on controller_ports[i]
+
+    @property
+    def voters(self) -> str:
+        return ",".join(f"{i}@127.0.0.1:{port}" for i, port in enumerate(self.controller_ports, start=1))
+
+    @property
+    def replication(self) -> int:
+        return min(3, len(self.controller_ports))
+
+
+class KafkaNode:
+    """Resolves, formats, starts and stops one local broker; knows nothing of topics."""
+
+    def __init__(self, home: Path, heap: str = "768m", jars: Path | None = None, node_id: int = 1,
+                 directory: Path | None = None) -> None:
+        self.dir = directory or home / "kafka"
         self.jars = jars or home / "kafka-jars"
         self.heap = heap
+        self.node_id = node_id
 
     # -- preparation -------------------------------------------------------
     def java(self) -> str:
@@ -75,28 +97,32 @@ class KafkaNode:
     def _classpath(self) -> str:
         return str(self.jars / "*")
 
-    def _write_configs(self, port: int, controller_port: int) -> Path:
+    def _write_configs(self, port: int, controller_port: int, quorum: Quorum | None) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "log4j2.properties").write_text(LOG4J2.format(log=self.dir / "broker.log"))
+        replication, min_isr = (quorum.replication, min(2, quorum.replication)) if quorum else (1, 1)
+        voters = (f"controller.quorum.voters={quorum.voters}" if quorum
+                  else f"controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}")
         props = self.dir / "server.properties"
         props.write_text("\n".join([
             "process.roles=broker,controller",
-            "node.id=1",
+            f"node.id={self.node_id}",
             f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
             f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
             "controller.listener.names=CONTROLLER",
             "inter.broker.listener.name=PLAINTEXT",
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            f"controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}",
+            voters,
             f"log.dirs={self.dir / 'data'}",
             "num.partitions=6",
-            "offsets.topic.replication.factor=1",
+            f"default.replication.factor={replication}",
+            f"offsets.topic.replication.factor={replication}",
             "offsets.topic.num.partitions=6",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
+            f"transaction.state.log.replication.factor={replication}",
+            f"transaction.state.log.min.isr={min_isr}",
             "transaction.state.log.num.partitions=6",
-            "share.coordinator.state.topic.replication.factor=1",
-            "share.coordinator.state.topic.min.isr=1",
+            f"share.coordinator.state.topic.replication.factor={replication}",
+            f"share.coordinator.state.topic.min.isr={min_isr}",
             "group.initial.rebalance.delay.ms=0",
             "auto.create.topics.enable=false",
             "log.cleaner.backoff.ms=1000",
@@ -104,11 +130,16 @@ class KafkaNode:
         ]))
         return props
 
-    def _format(self, java: str, props: Path) -> None:
+    def _format(self, java: str, props: Path, quorum: Quorum | None) -> None:
         if (self.dir / "data" / "meta.properties").exists():
             return
-        cluster_id = self._run_tool(java, ["random-uuid"]).strip().splitlines()[-1]
-        self._run_tool(java, ["format", "--standalone", "-t", cluster_id, "-c", str(props)])
+        if quorum is None:
+            self._run_tool(java, ["format", "--standalone", "-t", self.random_cluster_id(java), "-c", str(props)])
+        else:  # the voters are static (controller.quorum.voters): no --standalone / --initial-controllers
+            self._run_tool(java, ["format", "-t", quorum.cluster_id, "-c", str(props)])
+
+    def random_cluster_id(self, java: str | None = None) -> str:
+        return self._run_tool(java or self.java(), ["random-uuid"]).strip().splitlines()[-1]
 
     def _run_tool(self, java: str, args: list[str]) -> str:
         result = subprocess.run(
@@ -127,39 +158,57 @@ class KafkaNode:
 
     def start(self, record: ServiceRecord, port: int | None, controller_port: int | None,
               timeout_s: float) -> ServiceRecord:
-        """Start the broker (idempotent) and wait until its port answers."""
+        """Start the single-node broker (idempotent) and wait until its port answers."""
         if self.is_ours_running(record):
             return record
-        java = self.java()
         # A configured port must be free; a remembered or default one is only a preference.
         port = _claim(port, record.port or 19092, "Kafka broker", "LEDGERLM_KAFKA_PORT")
         controller_port = _claim(controller_port, int(record.extra.get("controller_port", 0)) or 19093,
                                  "Kafka controller", "LEDGERLM_KAFKA_CONTROLLER_PORT", avoid=port)
+        started = self.launch(port, controller_port, None)
+        self.wait_listening(started, timeout_s)
+        return started
+
+    def launch(self, port: int, controller_port: int, quorum: Quorum | None) -> ServiceRecord:
+        """Format (once) and spawn the JVM without waiting: a cluster node opens its broker port only
+        once a majority of the quorum is up, so a cluster launches every node before waiting on any."""
+        java = self.java()
         self.resolve_jars()
-        props = self._write_configs(port, controller_port)
-        self._format(java, props)
+        props = self._write_configs(port, controller_port, quorum)
+        self._format(java, props, quorum)
         pid = spawn(
             [java, f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
              f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}", "-cp", self._classpath(),
              MAIN_CLASS, str(props)],
             self.dir / "stdout.log",
         )
-        started = ServiceRecord(pid=pid, port=port, extra={"controller_port": controller_port})
+        return ServiceRecord(pid=pid, port=port, extra={"controller_port": controller_port})
+
+    def wait_listening(self, record: ServiceRecord, timeout_s: float) -> None:
+        """Wait until the broker port answers; a node that died or never opened it is stopped and named."""
+        assert record.pid and record.port
         deadline = time.monotonic() + timeout_s
-        while not is_port_open(port):
-            if not is_alive(pid):
-                raise InfraError(f"Kafka broker exited during start-up; see {self.dir / 'stdout.log'} and "
-                                 f"{self.dir / 'broker.log'}:\n{_tail(self.dir / 'stdout.log')}")
+        while not is_port_open(record.port):
+            if not is_alive(record.pid):
+                raise InfraError(f"Kafka broker {self.node_id} exited during start-up; see {self.dir / 'stdout.log'} "
+                                 f"and {self.dir / 'broker.log'}:\n{_tail(self.dir / 'stdout.log')}")
             if time.monotonic() > deadline:
-                terminate(pid)
-                raise InfraError(f"Kafka broker did not open port {port} within {timeout_s:.0f}s")
+                terminate(record.pid)
+                raise InfraError(f"Kafka broker {self.node_id} did not open port {record.port} within "
+                                 f"{timeout_s:.0f}s")
             time.sleep(0.2)
-        return started
 
     def stop(self, record: ServiceRecord) -> bool:
         if not self.is_ours_running(record):
             return False
         terminate(record.pid)  # type: ignore[arg-type]
+        return True
+
+    def kill(self, record: ServiceRecord) -> bool:
+        """SIGKILL the broker (a crash: no controlled shutdown, no flush)."""
+        if not self.is_ours_running(record):
+            return False
+        kill_group(record.pid)  # type: ignore[arg-type]
         return True
 
 

@@ -63,3 +63,14 @@ def terminate(pid: int, timeout_s: float = 20.0) -> None:
             if not is_alive(pid):
                 return
             time.sleep(0.1)
+
+
+def kill_group(pid: int, timeout_s: float = 10.0) -> None:
+    """SIGKILL the process group (a crash, not a shutdown) and wait until it is gone."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while is_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)

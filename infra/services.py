@@ -1,7 +1,11 @@
-"""`ledgerlm infra up|down|status`: the local Kafka broker and PostgreSQL together.
+"""`ledgerlm infra up|down|status`: the local Kafka (one node or a cluster) and PostgreSQL together.
 
 When `LEDGERLM_KAFKA_BOOTSTRAP` / `LEDGERLM_DATABASE_URL` are set, that
 service is external: it is probed, never started or stopped.
+
+`settings.kafka_brokers` > 1 starts a KRaft cluster (`infra/kafka_cluster.py`)
+instead of the single node; `services.json` remembers which one this home runs,
+so `down`, `status`, `kill_broker` and `start_broker` need no flag.
 """
 from __future__ import annotations
 
@@ -10,9 +14,10 @@ from dataclasses import dataclass
 
 from infra.errors import InfraError
 from infra.health import kafka_up, postgres_up
+from infra.kafka_cluster import KafkaCluster
 from infra.kafka_node import KafkaNode
 from infra.postgres_node import PostgresNode
-from infra.state import ServicesState
+from infra.state import ServiceRecord, ServicesState
 from ledgerlm.settings import Settings
 
 
@@ -28,12 +33,20 @@ class LocalServices:
         self.kafka = KafkaNode(settings.home, settings.kafka_heap, settings.kafka_jars)
         self.postgres = PostgresNode(settings.home, settings.postgres_database)
 
+    def cluster(self, size: int) -> KafkaCluster:
+        return KafkaCluster(self.settings.home, size, self.settings.kafka_heap, self.settings.kafka_jars)
+
     def endpoints(self) -> Endpoints:
         state = ServicesState.load(self.settings.state_file)
-        bootstrap = self.settings.kafka_bootstrap or (
-            f"127.0.0.1:{state.kafka.port}" if state.kafka.port else None)
+        bootstrap = self.settings.kafka_bootstrap or _local_bootstrap(state)
         url = self.settings.database_url or (self.postgres.url(state.postgres.port) if state.postgres.port else None)
         return Endpoints(bootstrap, url)
+
+    def local_brokers(self) -> int | None:
+        """How many brokers this home's Kafka has (live or not); None when Kafka is external."""
+        if self.settings.kafka_bootstrap:
+            return None
+        return len(ServicesState.load(self.settings.state_file).kafka_brokers) or 1
 
     def up(self) -> Endpoints:
         """Start whatever is local and not running; wait until both are healthy."""
@@ -43,12 +56,50 @@ class LocalServices:
             state.postgres = self.postgres.start(state.postgres, self.settings.postgres_port, timeout)
             state.save(self.settings.state_file)
         if not self.settings.kafka_bootstrap:
-            state.kafka = self.kafka.start(state.kafka, self.settings.kafka_port,
-                                           self.settings.kafka_controller_port, timeout)
+            if self.settings.kafka_brokers == 1:
+                self._start_single(state, timeout)
+            else:
+                self._start_cluster(state, self.settings.kafka_brokers, timeout)
             state.save(self.settings.state_file)
         endpoints = self.endpoints()
         self._wait_healthy(endpoints, timeout)
         return endpoints
+
+    def _start_single(self, state: ServicesState, timeout_s: float) -> None:
+        if state.kafka_brokers and any(self.cluster(len(state.kafka_brokers)).running(state.kafka_brokers)):
+            raise InfraError(f"a {len(state.kafka_brokers)}-broker cluster of this home is running: "
+                             "`ledgerlm infra down` first, or pass the same --brokers")
+        state.kafka_brokers = []
+        state.kafka = self.kafka.start(state.kafka, self.settings.kafka_port, self.settings.kafka_controller_port,
+                                       timeout_s)
+
+    def _start_cluster(self, state: ServicesState, size: int, timeout_s: float) -> None:
+        if self.kafka.is_ours_running(state.kafka):
+            raise InfraError("the single Kafka node of this home is running: `ledgerlm infra down` first")
+        if state.kafka_brokers and len(state.kafka_brokers) != size:
+            raise InfraError(f"this home's cluster has {len(state.kafka_brokers)} brokers, not {size}: "
+                             f"pass --brokers {len(state.kafka_brokers)}, or `infra down` and remove "
+                             f"{self.cluster(size).dir}")
+        state.kafka = ServiceRecord()
+        state.kafka_brokers = self.cluster(size).start(state.kafka_brokers, timeout_s)
+
+    def kill_broker(self, index: int) -> bool:
+        """kill -9 broker `index` (1-based) of this home's cluster; False when it was not running."""
+        state, cluster = self._cluster_state()
+        return cluster.kill_broker(state.kafka_brokers, index)
+
+    def start_broker(self, index: int) -> None:
+        """Restart broker `index` with its remembered ports and data; waits until its port answers."""
+        state, cluster = self._cluster_state()
+        state.kafka_brokers[index - 1] = cluster.start_broker(state.kafka_brokers, index,
+                                                              self.settings.startup_timeout_s)
+        state.save(self.settings.state_file)
+
+    def _cluster_state(self) -> tuple[ServicesState, KafkaCluster]:
+        state = ServicesState.load(self.settings.state_file)
+        if not state.kafka_brokers:
+            raise InfraError("this home runs no Kafka cluster: `ledgerlm infra up --brokers 3` starts one")
+        return state, self.cluster(len(state.kafka_brokers))
 
     def _wait_healthy(self, endpoints: Endpoints, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -67,6 +118,10 @@ class LocalServices:
         if not self.settings.kafka_bootstrap:
             stopped["kafka"] = self.kafka.stop(state.kafka)
             state.kafka.pid = None
+            if state.kafka_brokers:
+                stopped["kafka"] = self.cluster(len(state.kafka_brokers)).stop(state.kafka_brokers) or stopped["kafka"]
+                for broker in state.kafka_brokers:
+                    broker.pid = None
         if not self.settings.database_url:
             stopped["postgres"] = self.postgres.stop(state.postgres)
             state.postgres.pid = None
@@ -75,11 +130,24 @@ class LocalServices:
 
     def status(self) -> dict[str, dict[str, object]]:
         endpoints = self.endpoints()
+        kafka: dict[str, object] = {
+            "bootstrap": endpoints.kafka_bootstrap,
+            "up": bool(endpoints.kafka_bootstrap) and kafka_up(endpoints.kafka_bootstrap, timeout_s=3),
+            "external": bool(self.settings.kafka_bootstrap)}
+        state = ServicesState.load(self.settings.state_file)
+        if state.kafka_brokers and not self.settings.kafka_bootstrap:
+            running = self.cluster(len(state.kafka_brokers)).running(state.kafka_brokers)
+            kafka["brokers"] = [{"id": i, "port": broker.port, "running": alive}
+                                for i, (broker, alive) in enumerate(zip(state.kafka_brokers, running), start=1)]
         return {
-            "kafka": {"bootstrap": endpoints.kafka_bootstrap,
-                      "up": bool(endpoints.kafka_bootstrap) and kafka_up(endpoints.kafka_bootstrap, timeout_s=3),
-                      "external": bool(self.settings.kafka_bootstrap)},
+            "kafka": kafka,
             "postgres": {"url": endpoints.database_url,
                          "up": bool(endpoints.database_url) and postgres_up(endpoints.database_url),
                          "external": bool(self.settings.database_url)},
         }
+
+
+def _local_bootstrap(state: ServicesState) -> str | None:
+    if state.kafka_brokers:
+        return KafkaCluster.bootstrap(state.kafka_brokers)
+    return f"127.0.0.1:{state.kafka.port}" if state.kafka.port else None

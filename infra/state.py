@@ -17,13 +17,15 @@ class ServiceRecord:
 class ServicesState:
     kafka: ServiceRecord = field(default_factory=ServiceRecord)
     postgres: ServiceRecord = field(default_factory=ServiceRecord)
+    kafka_brokers: list[ServiceRecord] = field(default_factory=list)  # a multi-broker cluster, broker 1 first
 
     @classmethod
     def load(cls, path: Path) -> "ServicesState":
         if not path.exists():
             return cls()
         raw = json.loads(path.read_text())
-        return cls(**{name: ServiceRecord(**raw.get(name, {})) for name in ("kafka", "postgres")})
+        return cls(**{name: ServiceRecord(**raw.get(name, {})) for name in ("kafka", "postgres")},
+                   kafka_brokers=[ServiceRecord(**broker) for broker in raw.get("kafka_brokers", [])])
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,8 @@ class Settings(BaseSettings):
     kafka_port: int | None = Field(default=None, description="local broker port; a free one when unset")
     kafka_controller_port: int | None = None
     kafka_heap: str = "768m"
+    kafka_brokers: int = Field(default=1, ge=1, le=9, description="local brokers `infra up` starts (a KRaft "
+                               "cluster of combined broker+controller nodes when more than one)")
     postgres_port: int | None = Field(default=None, description="local PostgreSQL port; a free one when unset")
     postgres_database: str = "ledgerlm"
 
@@ -37,7 +39,8 @@ class Settings(BaseSettings):
     projector_crash_after_batches: int | None = Field(default=None, description="fault injection for tests")
 
     topic_partitions: int = 6
-    topic_replication_factor: int = 1
+    topic_replication_factor: int | None = Field(default=None, ge=1, description="replication factor of "
+                                                  "declared topics; unset: min(3, brokers in the cluster)")
     startup_timeout_s: float = 60.0
 
     # -- control plane (gateway, controller, worker) --

@@ -26,6 +26,10 @@ class WorkerHeartbeat(Envelope):
     # Commands that named a stale epoch or an unknown attempt, ignored since start.
     stale_commands: int = Field(default=0, ge=0)
     plane: str | None = None  # the control plane (controller group) this worker serves; None: any
+    # "<generation id>:<epoch>" of attempts this worker self-fenced (no acknowledged heartbeat for a lease)
+    # that the controller has not ended yet: heartbeats delivered late after a broker outage can keep the
+    # lease alive in the controller's eyes, so the worker says outright which attempts it gave up.
+    fenced: tuple[str, ...] = ()
 
 
 class ModelVersionRegistered(Envelope):

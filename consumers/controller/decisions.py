@@ -251,10 +251,12 @@ class Decider:
 
     # -- lease expiry ----------------------------------------------------------------
     def expire_leases(self, state: PartitionState, now: datetime) -> Effects:
-        """Interrupted(epoch) for every live attempt whose worker's lease ran out. No new attempt."""
+        """Interrupted(epoch) for every live attempt whose worker's lease ran out, or that its worker says it
+        self-fenced. No new attempt."""
         effects = Effects()
         for gen in list(state.live()):
-            if gen.worker_id is None or self.registry.is_live(gen.worker_id, now.timestamp()):
+            if gen.worker_id is None or (self.registry.is_live(gen.worker_id, now.timestamp())
+                                         and not self.registry.has_fenced(gen.worker_id, gen.generation_id, gen.epoch)):
                 continue
             scoped = {"tenant_id": gen.tenant_id, "generation_id": gen.generation_id, "epoch": gen.epoch}
             effects.generations.append(Interrupted(**scoped, worker_id=gen.worker_id))

@@ -51,6 +51,11 @@ class WorkerRegistry:
             for gen_id in [g for g, (_, at) in view.pending.items() if at < sent - PENDING_GRACE_S]:
                 del view.pending[gen_id]
 
+    def has_fenced(self, worker_id: str, generation_id: str, epoch: int | None) -> bool:
+        """The worker's latest heartbeat says it gave this attempt up (self-fenced)."""
+        view = self.workers.get(worker_id)
+        return view is not None and f"{generation_id}:{epoch}" in view.heartbeat.fenced
+
     def is_live(self, worker_id: str, now: float) -> bool:
         view = self.workers.get(worker_id)
         if view is None or not view.heartbeat.alive:

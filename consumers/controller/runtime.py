@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from consumers.controller.decisions import Decider, Effects
 from consumers.controller.registry import WorkerRegistry
 from consumers.controller.state import PartitionState
-from consumers.kafka.clients import make_producer
+from consumers.kafka.clients import make_producer, read_to_end
 from consumers.kafka.dead_letters import dead_letter_for
 from consumers.kafka.follower import Follower
 from ledgerlm.settings import Settings
@@ -124,20 +124,16 @@ class Controller:
             tps = [TopicPartition(CONTROL_CHANGELOG, p) for p in partitions]
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
-            ends = await consumer.end_offsets(tps)
-            pending = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
-            while pending:
-                for tp, records in (await consumer.getmany(*pending, timeout_ms=500)).items():
-                    for record in records:
-                        try:
-                            item = decode(CONTROL_CHANGELOG, record.value)
-                        except DecodeError as exc:
-                            log.warning("changelog record skipped partition=%d offset=%d error=%s",
-                                        record.partition, record.offset, type(exc).__name__)
-                            continue
-                        if item.plane == self.group:  # another control plane's state is not ours to adopt
-                            states[tp.partition].apply_changelog(item)
-                pending = {tp for tp in pending if await consumer.position(tp) < ends[tp]}
+            async for tp, records in read_to_end(consumer, tps):
+                for record in records:
+                    try:
+                        item = decode(CONTROL_CHANGELOG, record.value)
+                    except DecodeError as exc:
+                        log.warning("changelog record skipped partition=%d offset=%d error=%s",
+                                    record.partition, record.offset, type(exc).__name__)
+                        continue
+                    if item.plane == self.group:  # another control plane's state is not ours to adopt
+                        states[tp.partition].apply_changelog(item)
         finally:
             await consumer.stop()
         return states

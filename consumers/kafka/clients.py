@@ -6,7 +6,9 @@ only, with offsets committed explicitly by the code that applied them.
 """
 from __future__ import annotations
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from collections.abc import AsyncIterator
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from pydantic import BaseModel
 
 from schemas.codec import encode, record_headers, record_key
@@ -56,3 +58,14 @@ async def partitions_of(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPar
     if not partitions:
         raise LookupError(f"topic {topic} has no partitions (run `ledgerlm topics ensure`)")
     return [TopicPartition(topic, p) for p in sorted(partitions)]
+
+
+async def read_to_end(consumer: AIOKafkaConsumer,
+                      tps: list[TopicPartition]) -> AsyncIterator[tuple[TopicPartition, list[ConsumerRecord]]]:
+    """Batches of every record from each partition's position up to its end as of this call."""
+    ends = await consumer.end_offsets(tps)
+    pending = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
+    while pending:
+        for tp, records in (await consumer.getmany(*pending, timeout_ms=500)).items():
+            yield tp, records
+        pending = {tp for tp in pending if await consumer.position(tp) < ends[tp]}

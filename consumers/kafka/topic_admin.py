@@ -1,4 +1,9 @@
-"""`topics ensure`: create the declared topics, verify existing ones, report drift."""
+"""`topics ensure`: create the declared topics, verify existing ones, report drift.
+
+The replication factor is the configured one, or min(3, brokers the cluster
+describes): a three-broker cluster gets RF 3 and `min.insync.replicas` 2 on the
+control and billing topics, a single node RF 1.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,13 +34,17 @@ class EnsureReport:
 
 
 class TopicAdmin:
-    def __init__(self, bootstrap: str, partitions: int | None = None, replication_factor: int = 1) -> None:
+    def __init__(self, bootstrap: str, partitions: int | None = None, replication_factor: int | None = None) -> None:
         self.admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
         self.partitions = partitions
-        self.replication_factor = replication_factor
+        self.replication_factor = replication_factor or 1
+        self._replication_configured = replication_factor is not None
 
     async def __aenter__(self) -> "TopicAdmin":
         await self.admin.start()
+        if not self._replication_configured:
+            brokers = (await self.admin.describe_cluster())["brokers"]
+            self.replication_factor = min(3, max(1, len(brokers)))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -59,12 +68,13 @@ class TopicAdmin:
 
     async def drift(self, specs: list[TopicSpec]) -> list[Drift]:
         found: list[Drift] = []
-        actual_partitions = await self._partition_counts([s.name for s in specs])
+        layout = await self._layout([s.name for s in specs])
         for s in specs:
-            want = self._partitions(s)
-            have = actual_partitions.get(s.name)
-            if have != want:
-                found.append(Drift(s.name, "partitions", str(want), str(have)))
+            partitions, replicas = layout.get(s.name, (None, None))
+            if partitions != self._partitions(s):
+                found.append(Drift(s.name, "partitions", str(self._partitions(s)), str(partitions)))
+            if replicas != self.replication_factor:
+                found.append(Drift(s.name, "replication.factor", str(self.replication_factor), str(replicas)))
         actual_configs = await self._configs([s.name for s in specs])
         for s in specs:
             for key, want in s.configs(self.replication_factor).items():
@@ -73,9 +83,11 @@ class TopicAdmin:
                     found.append(Drift(s.name, key, want, str(have)))
         return found
 
-    async def _partition_counts(self, names: list[str]) -> dict[str, int]:
+    async def _layout(self, names: list[str]) -> dict[str, tuple[int, int | None]]:
+        """topic -> (partitions, replicas of its smallest partition)."""
         described = await self.admin.describe_topics(names)
-        return {t["topic"]: len(t["partitions"]) for t in described}
+        return {t["topic"]: (len(t["partitions"]), min((len(p["replicas"]) for p in t["partitions"]), default=None))
+                for t in described}
 
     async def _configs(self, names: list[str]) -> dict[str, dict[str, str]]:
         responses = await self.admin.describe_configs(

@@ -61,6 +61,7 @@ class Worker:
                                          fetch_max_wait_ms=100)
         self.draining = False
         self.stale_commands = 0
+        self.self_fenced: dict[str, int] = {}  # generation id -> epoch, until the controller cancels it
         self.last_heartbeat_ok = time.monotonic()
         self.ready = asyncio.Event()
         self.stopped = asyncio.Event()
@@ -99,7 +100,8 @@ class Worker:
                                block_size=self.block_size, running=len(self.attempts) + len(self.waiting),
                                queued_tokens=queued,
                                draining=self.draining, lease_ms=self.settings.lease_ms, alive=alive,
-                               stale_commands=self.stale_commands, plane=self.settings.controller_group)
+                               stale_commands=self.stale_commands, plane=self.settings.controller_group,
+                               fenced=tuple(f"{g}:{e}" for g, e in sorted(self.self_fenced.items())))
 
     # -- publishing ------------------------------------------------------------------------
     async def send(self, topic: str, event) -> asyncio.Future:
@@ -174,6 +176,8 @@ class Worker:
         return next((a for a in self.attempts.values() if a.start.generation_id == generation_id), None)
 
     async def on_cancel(self, order: CancelAttempt) -> None:
+        if self.self_fenced.get(order.generation_id) == order.epoch:
+            del self.self_fenced[order.generation_id]  # the controller ended it: no need to say so any more
         queued = next((o for o in self.waiting if o.generation_id == order.generation_id and o.epoch == order.epoch),
                        None)
         if queued is not None:
@@ -314,6 +318,7 @@ class Worker:
         for attempt in self.attempts.values():
             if not attempt.fenced:
                 attempt.fenced = True
+                self.self_fenced[attempt.start.generation_id] = attempt.start.epoch
                 self._thread.abort(attempt.request_id)
         log.error("self-fenced worker=%s attempts=%d", self.worker_id, len(self.attempts))
 

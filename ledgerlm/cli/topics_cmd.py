@@ -20,11 +20,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_ensure(args: argparse.Namespace) -> int:
     from consumers.kafka.topic_admin import TopicAdmin
 
+    from infra.services import LocalServices
+
     settings = Settings()
     bootstrap = kafka_bootstrap(settings)
+    # A local cluster's size comes from what `infra up` started, so a broker that is down right now does not
+    # shrink the expected replication factor; an external cluster is asked for its live brokers.
+    brokers = LocalServices(settings).local_brokers()
+    replication = settings.topic_replication_factor or (min(3, brokers) if brokers else None)
 
     async def ensure():
-        async with TopicAdmin(bootstrap, settings.topic_partitions, settings.topic_replication_factor) as admin:
+        async with TopicAdmin(bootstrap, settings.topic_partitions, replication) as admin:
             return await admin.ensure()
 
     report = asyncio.run(ensure())

@@ -62,14 +62,23 @@ class GatewayDatabase:
         except psycopg.Error:
             return False
 
-    async def _fetchone(self, sql: str, params: tuple):
+    async def _rows(self, sql: str, params: tuple) -> list[tuple]:
+        """Every query goes through here: a connection lost to a Postgres restart (or a dropped database) is
+        replaced, once per query, and a closed one is replaced before the next query, so the gateway
+        recovers when the database is back instead of failing every request on the dead connection."""
         async with self.lock:
+            if self.conn is None or self.conn.closed:
+                await self.start()
             try:
                 cur = await self.conn.execute(sql, params)
             except psycopg.OperationalError:
-                await self.start()  # reconnect once: Postgres restarts lose nothing but the connection
+                await self.start()
                 cur = await self.conn.execute(sql, params)
-            return await cur.fetchone()
+            return await cur.fetchall()
+
+    async def _fetchone(self, sql: str, params: tuple):
+        rows = await self._rows(sql, params)
+        return rows[0] if rows else None
 
     async def authenticate(self, presented: str | None) -> Principal | None:
         if not could_be_key(presented):
@@ -78,12 +87,9 @@ class GatewayDatabase:
         cached = self._auth.get(key_hash)
         if cached is not None and time.monotonic() - cached[0] < AUTH_CACHE_S:
             return cached[1]
-        async with self.lock:
-            cur = await self.conn.execute(
-                "SELECT t.tenant_id, t.max_tokens_in_flight, t.tokens_per_minute FROM api_keys k "
-                "JOIN tenants t USING (tenant_id) WHERE k.key_hash = %s AND k.revoked_at IS NULL LIMIT 2",
-                (key_hash,))
-            rows = await cur.fetchall()
+        rows = await self._rows(
+            "SELECT t.tenant_id, t.max_tokens_in_flight, t.tokens_per_minute FROM api_keys k "
+            "JOIN tenants t USING (tenant_id) WHERE k.key_hash = %s AND k.revoked_at IS NULL LIMIT 2", (key_hash,))
         # A hash two tenants claim is ambiguous: it authenticates nobody (as producers.api_keys.authenticate).
         principal = Principal(rows[0][0], int(rows[0][1]), int(rows[0][2])) if len(rows) == 1 else None
         self._auth[key_hash] = (time.monotonic(), principal)
@@ -92,9 +98,7 @@ class GatewayDatabase:
     async def tenant_usage(self, tenant_id: str, start, end):
         from projections.queries import TENANT_USAGE_SQL, summarize
 
-        async with self.lock:
-            cur = await self.conn.execute(TENANT_USAGE_SQL, (tenant_id, start, end))
-            rows = await cur.fetchall()
+        rows = await self._rows(TENANT_USAGE_SQL, (tenant_id, start, end))
         return summarize(tenant_id, start, end, rows)
 
     async def generation(self, generation_id: str) -> dict | None:
@@ -105,23 +109,19 @@ class GatewayDatabase:
     async def stream_events(self, generation_id: str, epoch: int,
                             after_seq: int = 0) -> list[tuple[int, list[int], str]]:
         """The resume buffer (projection of `llm.tokens`): (seq, token ids, text) of one epoch after a seq, in order."""
-        async with self.lock:
-            cur = await self.conn.execute(
-                "SELECT seq, token_ids, text_delta FROM stream_events WHERE generation_id = %s AND epoch = %s "
-                "AND NOT is_final AND seq > %s ORDER BY seq", (generation_id, epoch, after_seq))
-            return await cur.fetchall()
+        return await self._rows(
+            "SELECT seq, token_ids, text_delta FROM stream_events WHERE generation_id = %s AND epoch = %s "
+            "AND NOT is_final AND seq > %s ORDER BY seq", (generation_id, epoch, after_seq))
 
     async def stream_rows(self, generation_id: str, epoch: int,
                           after_seq: int) -> list[tuple[int, list[int], str, int]]:
         """The resume buffer after a seq as (seq, token ids, text, token count so far), read in one snapshot."""
-        async with self.lock:
-            cur = await self.conn.execute(
-                "SELECT e.seq, e.token_ids, e.text_delta, p.token_count - COALESCE(sum(cardinality(e.token_ids)) "
-                "OVER (ORDER BY e.seq DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) "
-                "FROM stream_events e JOIN stream_progress p ON p.generation_id = e.generation_id "
-                "AND p.epoch = e.epoch WHERE e.generation_id = %s AND e.epoch = %s AND e.seq > %s "
-                "AND NOT e.is_final ORDER BY e.seq", (generation_id, epoch, after_seq))
-            return await cur.fetchall()
+        return await self._rows(
+            "SELECT e.seq, e.token_ids, e.text_delta, p.token_count - COALESCE(sum(cardinality(e.token_ids)) "
+            "OVER (ORDER BY e.seq DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) "
+            "FROM stream_events e JOIN stream_progress p ON p.generation_id = e.generation_id "
+            "AND p.epoch = e.epoch WHERE e.generation_id = %s AND e.epoch = %s AND e.seq > %s "
+            "AND NOT e.is_final ORDER BY e.seq", (generation_id, epoch, after_seq))
 
     async def stream_progress(self, generation_id: str) -> StreamProgress | None:
         """What the resume buffer holds of a generation's newest epoch (None: nothing projected yet)."""

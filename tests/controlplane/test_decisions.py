@@ -158,6 +158,22 @@ def test_lease_expiry_interrupts_and_releases_but_starts_nothing_new(world):
     assert not decider.expire_leases(state, NOW + timedelta(seconds=5))
 
 
+def test_an_attempt_its_worker_self_fenced_is_interrupted_while_the_worker_stays_live(world):
+    # After a broker outage, heartbeats sent during it arrive late: the lease looks alive, yet the worker gave
+    # its attempts up. Its heartbeat names them, and they end Interrupted instead of hanging forever.
+    decider, registry, state = world
+    registry.observe(heartbeat("w1"))
+    gen_id = decider.submit(state, submit(), NOW).replies[0].generation_id
+    registry.observe(heartbeat("w1", at=NOW + timedelta(seconds=1), fenced=(f"{gen_id}:2",)))
+    assert not decider.expire_leases(state, NOW + timedelta(seconds=1.5))  # another epoch: not this attempt
+    registry.observe(heartbeat("w1", at=NOW + timedelta(seconds=1.6), fenced=(f"{gen_id}:1",)))
+    effects = decider.expire_leases(state, NOW + timedelta(seconds=1.7))
+    (interrupted,), (cancel,) = effects.generations, effects.dispatch
+    assert (interrupted.type, interrupted.epoch, cancel.reason) == ("Interrupted", 1, "lease-expired")
+    assert state.find("acme", gen_id).end_reason == "interrupted" and state.tenant("acme").concurrency == 0
+    assert not decider.expire_leases(state, NOW + timedelta(seconds=1.8))
+
+
 def test_cancel_is_recorded_once_repeats_harmlessly_and_is_404_for_another_tenant(world):
     decider, registry, state = world
     registry.observe(heartbeat("w1"))

@@ -75,7 +75,7 @@ def test_a_failed_format_reports_the_storage_tool_error(tmp_path, settings):
     bad = node.dir / "server.properties"
     bad.write_text("process.roles=broker,controller\n")  # no node.id, no log.dirs
     with pytest.raises(InfraError, match="Kafka storage tool `format` failed"):
-        node._format(node.java(), bad)
+        node._format(node.java(), bad, None)
 
 
 def test_topics_ensure_cli_reports_no_drift(services, topics):
@@ -103,3 +103,27 @@ def test_settings_read_the_ledgerlm_prefix(monkeypatch):
     assert settings.topic_partitions == 12
     assert settings.kafka_bootstrap == "broker.example:9092"
     assert LocalServices(settings).endpoints().kafka_bootstrap == "broker.example:9092"
+
+
+def test_broker_faults_need_a_cluster_and_a_broker_it_has(tmp_path):
+    from infra.kafka_cluster import KafkaCluster
+
+    with pytest.raises(InfraError, match="runs no Kafka cluster"):
+        LocalServices(Settings(home=tmp_path)).kill_broker(1)
+    with pytest.raises(InfraError, match="2..9 brokers, not 1"):
+        KafkaCluster(tmp_path, 1, "256m", None)
+    cluster = KafkaCluster(tmp_path, 3, "256m", None)
+    with pytest.raises(InfraError, match="no broker 4: the cluster has brokers 1..3"):
+        cluster.kill_broker([ServiceRecord()] * 3, 4)
+
+
+def test_a_state_file_from_before_clusters_still_loads(tmp_path):
+    path = tmp_path / "services.json"
+    path.write_text(json.dumps({"kafka": {"pid": None, "port": 19092, "extra": {"controller_port": 19093}},
+                                "postgres": {"pid": None, "port": 55432, "extra": {}}}))
+    state = ServicesState.load(path)
+    assert (state.kafka.port, state.kafka_brokers) == (19092, [])
+    state.kafka_brokers = [ServiceRecord(port=1, extra={"controller_port": 2})]
+    state.save(path)
+    assert ServicesState.load(path).kafka_brokers == [ServiceRecord(port=1, extra={"controller_port": 2})]
+    assert LocalServices(Settings(home=tmp_path, kafka_bootstrap=None)).endpoints().kafka_bootstrap == "127.0.0.1:1"

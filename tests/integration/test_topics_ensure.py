@@ -21,7 +21,7 @@ async def test_creates_declared_topics_then_verifies_them(bootstrap, topics):
             first = await admin.ensure(specs)
             second = await admin.ensure(specs)
             configs = await admin._configs([s.name for s in specs])
-            partitions = await admin._partition_counts([s.name for s in specs])
+            layout = await admin._layout([s.name for s in specs])
         finally:
             await admin.delete([s.name for s in specs])
     assert first.created == tuple(s.name for s in specs) and first.drift == ()
@@ -29,7 +29,7 @@ async def test_creates_declared_topics_then_verifies_them(bootstrap, topics):
     assert configs[specs[0].name]["cleanup.policy"] == "delete"
     assert configs[specs[0].name]["retention.ms"] == "3600000"
     assert configs[specs[1].name]["cleanup.policy"] == "compact"
-    assert partitions == {specs[0].name: 3, specs[1].name: 2}
+    assert layout == {specs[0].name: (3, 1), specs[1].name: (2, 1)}  # one broker: RF 1
 
 
 async def test_detects_config_and_partition_drift(bootstrap, topics):

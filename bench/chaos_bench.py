@@ -1,0 +1,238 @@
+"""`ledgerlm bench chaos --json PATH`: faults under a steady streaming load; afterwards, counts that must be 0.
+
+    own stack under <home>/chaos-stack: 3-broker KRaft cluster (RF 3, min ISR 2) + PostgreSQL, free ports
+    roles as real processes under a supervisor: controller, worker, projector, gateway (HTTP on 127.0.0.1)
+    load:    a streaming client every 1/rate s, two tenants; each resumes with Last-Event-ID when cut
+    faults:  one after another, `gap_s` apart, while the load runs (bench/chaos_faults.py)
+    checks:  stuck, audit_differences, overbilled, duplicate_seqs, missing_seqs, unreleased_reservations,
+             lost_events (bench/chaos_checks.py)
+
+The stack is fresh every run (its log is short, so the replay audit is quick)
+and stopped at the end, whatever happened.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench import chaos_checks as checks
+from bench import chaos_faults as faults
+from bench.chaos_clients import ClientResult, SteadyLoad
+from bench.chaos_roles import Role, stop_all, supervise
+from infra.ports import free_port
+from infra.services import LocalServices
+from ledgerlm.settings import Settings
+from schemas.topics import DAY_MS, TopicSpec
+
+PROBE_SPEC = TopicSpec(faults.PROBE_TOPIC, "key", (), "delete", DAY_MS, partitions=3, min_insync_replicas=2,
+                       description="acks=all probe records of the chaos run")
+log = logging.getLogger("ledgerlm.chaos")
+ROLE_ENV = {
+    "LEDGERLM_LEASE_MS": "3000",
+    "LEDGERLM_HEARTBEAT_INTERVAL_MS": "250",
+    "LEDGERLM_LEASE_CHECK_INTERVAL_MS": "100",
+    "LEDGERLM_USAGE_REPORT_TOKENS": "8",
+    "LEDGERLM_USAGE_REPORT_MS": "200",
+    "LEDGERLM_ADMISSION_TIMEOUT_MS": "20000",
+    "LEDGERLM_WORKER_DEVICE": "cpu",
+    "OMP_WAIT_POLICY": "PASSIVE",
+}
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    home: Path  # the chaos stack's own home (wiped at start)
+    model_dir: Path
+    brokers: int = 3
+    rate: float = 2.0  # clients started per second
+    min_generations: int = 60
+    output_tokens: int = 48
+    gap_s: float = 6.0  # between faults
+    broker_down_s: float = 20.0
+    settle_s: float = 90.0
+    client_deadline_s: float = 300.0
+
+
+def chaos_settings(config: ChaosConfig) -> Settings:
+    base = Settings()
+    return base.model_copy(update={
+        "home": config.home, "kafka_jars": base.kafka_jars or base.home / "kafka-jars", "kafka_brokers": config.brokers,
+        "kafka_heap": "512m", "kafka_bootstrap": None, "database_url": None, "kafka_port": None,
+        "kafka_controller_port": None, "postgres_port": None, "topic_replication_factor": None})
+
+
+async def run_chaos_bench(config: ChaosConfig) -> dict:
+    began = time.monotonic()
+    settings = chaos_settings(config)
+    services = LocalServices(settings)
+    await asyncio.to_thread(services.down)
+    shutil.rmtree(config.home, ignore_errors=True)
+    endpoints = await asyncio.to_thread(services.up)
+    startup_s = round(time.monotonic() - began, 1)
+    log.info("chaos stack up brokers=%d seconds=%.1f", config.brokers, startup_s)
+    roles: dict[str, Role] = {}
+    try:
+        return await _run(config, settings, services, endpoints.kafka_bootstrap, endpoints.database_url, roles,
+                          {"brokers": config.brokers, "startup_s": startup_s, "began": began})
+    finally:
+        await asyncio.to_thread(stop_all, list(roles.values()))
+        await asyncio.to_thread(services.down)
+
+
+async def _run(config: ChaosConfig, settings: Settings, services: LocalServices, bootstrap: str, database_url: str,
+               roles: dict[str, Role], cluster: dict) -> dict:
+    setup = await prepare(config, settings, bootstrap, database_url)
+    plane = f"chaos-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, **ROLE_ENV, "LEDGERLM_KAFKA_BOOTSTRAP": bootstrap, "LEDGERLM_DATABASE_URL": database_url,
+           "LEDGERLM_HOME": str(config.home), "LEDGERLM_CONTROLLER_GROUP": plane}
+    logs = config.home / "logs"
+    port = free_port(0)
+    workers = iter(range(1, 1000))
+
+    def new_worker() -> Role:
+        n = next(workers)
+        return Role("worker", ["worker", "--model-version", setup["model"], "--worker-id", f"{plane}-w{n}"], env,
+                    logs / f"worker-{n}.log")
+
+    roles.update({"controller": Role("controller", ["controller"], env, logs / "controller.log"),
+                  "worker": new_worker(), "projector": Role("projector", ["project"], env, logs / "projector.log"),
+                  "gateway": Role("gateway", ["gateway", "--host", "127.0.0.1", "--port", str(port)], env,
+                                  logs / "gateway.log")})
+    from consumers.kafka.groups import move_group_to_end
+
+    await move_group_to_end(bootstrap, plane, "llm.commands")
+    for role in roles.values():
+        role.start()
+    await roles["controller"].wait_for_log("controller owns partitions", 180)
+    await roles["worker"].wait_for_log("worker ready", 180)
+    stop_supervising = asyncio.Event()
+    supervisor = asyncio.create_task(supervise(roles, stop_supervising))
+    https = [httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=httpx.Timeout(30, read=60),
+                               headers={"Authorization": f"Bearer {key}"}) for key in setup["api_keys"]]
+    try:
+        await wait_admitting(https[0], setup["model"], roles["gateway"])
+        ready_s = round(time.monotonic() - cluster.pop("began"), 1)
+        log.info("platform admitting seconds=%.1f", ready_s)
+        target = faults.Plane(services, bootstrap, database_url, roles, new_worker)
+        results, fault_log, probe = await load_under_faults(config, https, setup["model"], setup["prompts"], target)
+        report = await measure(config, settings, bootstrap, database_url, plane, setup, results, probe)
+    finally:
+        stop_supervising.set()
+        await supervisor
+        for http in https:
+            await http.aclose()
+    report.update({"faults": len(fault_log.faults), "fault_log": fault_log.faults,
+                   "role_restarts": {name: role.crash_restarts for name, role in roles.items()},
+                   "cluster": {**cluster, "ready_s": ready_s}, "topics": setup["topics"]})
+    return report
+
+
+async def prepare(config: ChaosConfig, settings: Settings, bootstrap: str, database_url: str) -> dict:
+    """Migrate, create topics (RF from the cluster), register the model, create two tenants."""
+    from bench.admission_bench import workload
+    from consumers.kafka.topic_admin import TopicAdmin
+    from migrations import runner
+    from producers.model_registry import describe, register_model
+    from producers.tenant_admin import create_tenant
+    from schemas.values import TenantLimits
+
+    await asyncio.to_thread(runner.upgrade, database_url)
+    async with TopicAdmin(bootstrap, settings.topic_partitions, None) as admin:
+        declared = await admin.ensure()
+        await admin.ensure((PROBE_SPEC,))
+        replication = admin.replication_factor
+        min_isr = {name: c.get("min.insync.replicas") for name, c in (await admin._configs(
+            [s for s in declared.created])).items()}
+    model = f"chaos-{describe(config.model_dir, 'probe').content_sha256[:8]}@1"
+    await register_model(bootstrap, config.model_dir, model)
+    limits = TenantLimits(max_tokens_in_flight=10_000_000, tokens_per_minute=100_000_000, max_concurrency=10_000)
+    tenants = [await create_tenant(bootstrap, database_url, f"chaos-{name}-{uuid.uuid4().hex[:6]}", limits)
+               for name in ("a", "b")]
+    return {"model": model, "api_keys": [t.api_key for t in tenants], "tenant_ids": {t.tenant_id for t in tenants},
+            "prompts": workload(32), "topics": {"replication_factor": replication, "drift": len(declared.drift),
+                                                "min_insync_replicas": min_isr}}
+
+
+async def wait_admitting(http: httpx.AsyncClient, model: str, gateway: Role, timeout_s: float = 120) -> None:
+    """Until one generation is admitted: the gateway listens and the worker's heartbeat reached the controller."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            response = await http.post("/v1/generations?wait=true", json={
+                "requestId": uuid.uuid4().hex, "model": model, "input": "warm up", "maxOutputTokens": 2})
+            if response.status_code in (200, 201):
+                return
+        except httpx.HTTPError:
+            pass
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"nothing admitted within {timeout_s:.0f}s; gateway log tail:\n"
+                       f"{gateway.log.read_text(errors='replace')[-2000:]}")
+
+
+async def load_under_faults(config: ChaosConfig, https: list[httpx.AsyncClient], model: str, prompts: list[str],
+                            target: faults.Plane) -> tuple[list[ClientResult], faults.FaultLog, faults.Probe]:
+    load = SteadyLoad(https, model, prompts, config.output_tokens, config.rate, config.client_deadline_s)
+    probe, probe_stop = faults.Probe(target.bootstrap), asyncio.Event()
+    fault_log = faults.FaultLog()
+    running = asyncio.create_task(load.run(config.min_generations))
+    probing = asyncio.create_task(probe.run(probe_stop))
+    steps = (lambda: faults.kill_worker(target, fault_log),
+             lambda: faults.kill_broker(target, fault_log, config.broker_down_s),
+             lambda: faults.restart_postgres(target, fault_log),
+             lambda: faults.kill_projector(target, fault_log),
+             lambda: faults.rebuild_projections(target, fault_log),
+             lambda: faults.inject_usage(target, fault_log, load.ended_generation_ids()))
+    try:
+        for number, step in enumerate(steps, start=1):
+            await asyncio.sleep(config.gap_s)
+            log.info("fault %d/%d starting clients=%d", number, len(steps), len(load.clients))
+            await step()
+        await asyncio.sleep(config.gap_s)  # some generations through the healed platform
+    finally:
+        load.keep_going.clear()
+        probe_stop.set()
+        await probing
+    return await running, fault_log, probe
+
+
+async def measure(config: ChaosConfig, settings: Settings, bootstrap: str, database_url: str, plane: str, setup: dict,
+                  results: list[ClientResult], probe: faults.Probe) -> dict:
+    from projections.audit import audit_replay
+
+    log.info("load over generations=%d; checking", len(results))
+    stuck = await checks.count_stuck(database_url, results, config.settle_s)
+    unreleased = await checks.wait_released(bootstrap, plane, setup["tenant_ids"], config.settle_s)
+    events = await checks.generation_events(bootstrap)
+    overbilled = await asyncio.to_thread(checks.count_overbilled, database_url, results, events)
+    lost = checks.count_lost(probe.acked, await checks.read_log(bootstrap, faults.PROBE_TOPIC), results, events)
+    audit = await audit_replay(bootstrap, database_url, settings.model_copy(update={
+        "kafka_bootstrap": bootstrap, "database_url": database_url}))
+    ours = {r.generation_id for r in results if r.generation_id}
+    run_events = [e for e in events if e.generation_id in ours]
+    return {
+        "stuck": stuck, "audit_differences": audit.differences, "overbilled": overbilled,
+        "duplicate_seqs": sum(r.duplicate_seqs for r in results),
+        "missing_seqs": sum(r.missing_seqs for r in results),
+        "unreleased_reservations": unreleased, "lost_events": lost,
+        "generations": summarize_clients(results),
+        "reports": {"usage_reports_on_log": sum(1 for e in run_events if e.type == "UsageReported"),
+                    "terminal_events_on_log": sum(1 for e in run_events if e.type in checks.TERMINAL_TYPES),
+                    "audit_replayed": audit.replayed, "audit_tables_differing": sorted(audit.as_dict()["tables"])},
+        "probe": {"acked": len(probe.acked), "not_acked": probe.failed},
+    }
+
+
+def summarize_clients(results: list[ClientResult]) -> dict:
+    return {"started": len(results), "admitted": sum(1 for r in results if r.generation_id),
+            "by_end": dict(Counter(r.final["reason"] for r in results if r.final)),
+            "tokens_received": sum(r.tokens for r in results), "resumes": sum(r.resumes for r in results),
+            "client_errors": dict(Counter(e for r in results for e in r.errors))}

@@ -1,0 +1,33 @@
+"""A short `bench chaos`: every fault once under a small streaming load, on its own 3-broker cluster.
+
+Its stack (3 Kafka brokers, PostgreSQL) lives under `.ledgerlm/test-chaos-stack`, apart from the session's
+single-node stack, and is stopped at the end. A service that cannot start fails the test with the reason.
+"""
+from __future__ import annotations
+
+from bench.chaos_bench import ChaosConfig, run_chaos_bench
+from ledgerlm.cli.bench_chaos_cmd import ZERO_KEYS
+from ledgerlm.settings import Settings
+
+FAULTS = ["worker_kill9", "broker_kill9", "postgres_restart", "projector_kill9", "projections_dropped_and_rebuilt",
+          "usage_duplicates_and_late"]
+
+
+async def test_every_fault_once_under_load_loses_repeats_and_overbills_nothing(model_dir):
+    config = ChaosConfig(home=Settings().home / "test-chaos-stack", model_dir=model_dir, rate=1.5,
+                         min_generations=16, output_tokens=24, gap_s=1.5, broker_down_s=4.0, settle_s=60.0,
+                         client_deadline_s=150.0)
+    report = await run_chaos_bench(config)
+
+    assert {key: report[key] for key in ZERO_KEYS} == dict.fromkeys(ZERO_KEYS, 0), report
+    assert [fault["fault"] for fault in report["fault_log"]] == FAULTS
+    broker = report["fault_log"][1]
+    assert broker["killed"] is True and broker["down_s"] == 4.0
+    assert report["generations"]["admitted"] == report["generations"]["started"] >= 16  # every request admitted
+    assert report["reports"]["usage_reports_on_log"] > 0 and report["fault_log"][-1]["reports"] > 0
+    assert report["probe"]["acked"] > 0
+    topics = report["topics"]
+    assert topics["replication_factor"] == 3 and topics["drift"] == 0
+    assert {name: topics["min_insync_replicas"][name]
+            for name in ("llm.commands", "llm.control-changelog", "llm.generations")} == dict.fromkeys(
+        ("llm.commands", "llm.control-changelog", "llm.generations"), "2")
