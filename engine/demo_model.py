@@ -118,8 +118,12 @@ def build_demo_model(
     seed: int = 0,
     progress: bool = True,
     log: Callable[[str], None] = lambda msg: None,
+    max_context: int | None = None,
 ) -> Path:
     """Build a complete, manifest-checked model directory at `out_dir` (must not exist or be empty).
+
+    `max_context` overrides the size's context length (`max_position_embeddings`); RoPE has no learned
+    positions, so the same weights serve a longer context (the serving bench's long documents need 4,600).
 
     Files are written to a temporary sibling and renamed into place, so a
     crash never leaves a half-built directory that looks valid.
@@ -128,6 +132,8 @@ def build_demo_model(
     from transformers import LlamaConfig, LlamaForCausalLM
 
     spec = SIZES[size]
+    if max_context is not None and max_context < 1:
+        raise ValueError(f"max_context must be >= 1, got {max_context}")
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty")
@@ -144,7 +150,7 @@ def build_demo_model(
         num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads,
-        max_position_embeddings=spec.max_position_embeddings,
+        max_position_embeddings=max_context or spec.max_position_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
