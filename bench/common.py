@@ -37,6 +37,21 @@ async def wait_for_log(log: Path, fragment: str, proc: subprocess.Popen, timeout
     raise RuntimeError(f"{log.stem}: no {fragment!r}: {log.read_text(errors='replace')[-2000:]}")
 
 
+async def wait_ready(http, proc: subprocess.Popen, log: Path, timeout_s: float = 60, path: str = "/healthz") -> None:
+    """Poll GET `path` on an httpx client until 200, failing early (with the log's tail) when `proc` exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        try:
+            if (await http.get(path)).status_code == 200:
+                return
+        except Exception:  # noqa: BLE001 - not listening yet
+            pass
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"{log.stem} did not come up: {log.read_text(errors='replace')[-2000:]}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -28,7 +28,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.common import free_port, percentile
+from bench.common import free_port, percentile, wait_ready
 from ledgerlm.settings import REPO_ROOT, Settings
 
 HASH = "ab" * 32
@@ -176,20 +176,6 @@ async def publish_admitted(bootstrap: str, tenant: str, generations: list[str], 
                 input_tokens=8, max_output_tokens=per_gen + 1, reserved_tokens=per_gen + 9, payload_hash=HASH))
     finally:
         await producer.stop()
-
-
-async def wait_ready(http, gateway: subprocess.Popen, log: Path, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if gateway.poll() is not None:
-            break
-        try:
-            if (await http.get("/healthz")).status_code == 200:
-                return
-        except Exception:
-            pass
-        await asyncio.sleep(0.2)
-    raise RuntimeError(f"gateway did not come up: {log.read_text(errors='replace')[-2000:]}")
 
 
 async def run_stream_bench(clients: int, rate: int, seconds: float, workdir: Path) -> dict:

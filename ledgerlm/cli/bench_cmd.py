@@ -31,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from ledgerlm.cli.bench_stream_cmd import register_stream  # streaming bridge (issue 6)
     register_stream(bench)
 
+    from ledgerlm.cli.bench_serve_cmd import register_serve  # serving SLOs vs transformers serve (issue 7)
+    register_serve(bench)
+
 
 def run_engine_bench(args: argparse.Namespace) -> int:
     # Must precede the first torch import. With the default (spinning) wait
