@@ -35,13 +35,15 @@ def native_body(request: PlannedRequest, model: str) -> dict:
             "maxOutputTokens": request.max_output_tokens, "stream": True, "temperature": 0.0, "tier": request.tier}
 
 
-def openai_body(request: PlannedRequest, model: str, include_usage: bool) -> dict:
+def openai_body(request: PlannedRequest, model: str, ledgerlm: bool) -> dict:
+    """transformers serve refuses (422) the fields it does not know (`service_tier`) and sends the usage chunk
+    unasked (it ignores `stream_options`); ledgerlm needs `stream_options` for it and maps "flex" to batch."""
     body = {"model": model, "prompt": request.prompt, "max_tokens": request.max_output_tokens, "stream": True,
             "temperature": 0.0}
-    if include_usage:
+    if ledgerlm:
         body["stream_options"] = {"include_usage": True}
-    if request.tier == "batch":
-        body["service_tier"] = "flex"
+        if request.tier == "batch":
+            body["service_tier"] = "flex"
     return body
 
 
@@ -105,7 +107,7 @@ async def send(client: httpx.AsyncClient, target: Target, request: PlannedReques
     record.sent_at = time.monotonic() - t0
     headers = {"Authorization": f"Bearer {target.keys.get(request.tenant, 'none')}"}
     path, body = (("/v1/generations", native_body(request, target.model)) if native else
-                  ("/v1/completions", openai_body(request, target.model, include_usage=target.native)))
+                  ("/v1/completions", openai_body(request, target.model, ledgerlm=target.native)))
     try:
         async with client.stream("POST", path, json=body, headers=headers) as response:
             record.status = response.status_code
