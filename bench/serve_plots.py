@@ -69,13 +69,14 @@ def token_shares(records: dict[str, Sequence[RequestRecord]], bin_s: float, out:
     """Per target, each tenant's share of the output tokens delivered in each time bin (stacked)."""
     plt = _figure()
     fig, axes = plt.subplots(1, len(records), figsize=(7 * len(records), 4), squeeze=False)
+    tenants = sorted({r.tenant for recs in records.values() for r in recs})
+    colors = [f"C{i}" for i in range(len(tenants))]  # one color per tenant in every panel
     for ax, (target, recs) in zip(axes[0], records.items()):
         series = token_share_series(recs, bin_s)
-        tenants = sorted({tenant for point in series for tenant in point["tokens"]})
         totals = [sum(point["tokens"].values()) or 1 for point in series]
         shares = [[point["tokens"].get(tenant, 0) / total for point, total in zip(series, totals)] for tenant in tenants]
         if series:
-            ax.stackplot([point["t_s"] for point in series], shares, labels=tenants)
+            ax.stackplot([point["t_s"] for point in series], shares, labels=tenants, colors=colors)
         ax.set_ylim(0, 1)
         ax.set_title(target)
         ax.set_xlabel("seconds since the load started")

@@ -4,7 +4,7 @@
                         controller group) on the running broker and database; tenants created for the run;
                         the worker's heartbeats on `llm.workers` sampled for KV blocks and queue depth
     transformers serve  `transformers serve MODEL --continuous-batching` on CPU, float32, its KV pool and
-                        per-step token budget set to the worker's (64 MiB of blocks of 16, 512 tokens)
+                        per-step token budget set to the worker's (as many blocks of 16 tokens, 512 tokens)
 """
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ from bench.serve_client import Target
 from ledgerlm.settings import REPO_ROOT, Settings
 
 HEARTBEAT_INTERVAL_MS = 500
+# Room for several long documents (4,600 tokens each) beside the interactive work on the small model (8 KiB of
+# KV per token: 32,768 tokens); the worker's default of 64 MiB held one and a half.
+WORKER_KV_CACHE_BYTES = 256 * 1024 * 1024
 PER_STEP_TOKENS = 512  # EngineConfig.max_num_batched_tokens, the worker's default
 
 
@@ -73,6 +76,7 @@ class Platform:
 def role_env(bootstrap: str, db_url: str, plane: str) -> dict[str, str]:
     return {**os.environ, "LEDGERLM_KAFKA_BOOTSTRAP": bootstrap, "LEDGERLM_DATABASE_URL": db_url,
             "LEDGERLM_CONTROLLER_GROUP": plane, "LEDGERLM_HEARTBEAT_INTERVAL_MS": str(HEARTBEAT_INTERVAL_MS),
+            "LEDGERLM_WORKER_KV_CACHE_BYTES": str(WORKER_KV_CACHE_BYTES),
             "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ledgerlm.settings import Settings
 
-MODEL_NAME = "tiny-8k"
+MODEL_NAME = "small-8k"
 MAX_CONTEXT = 8192  # long documents: 4,000 prompt + 600 output tokens
 
 
@@ -19,7 +19,7 @@ def register_serve(bench: argparse._SubParsersAction) -> None:
     serve.add_argument("--quick", action="store_true", help="short phases: ends within 3 minutes")
     serve.add_argument("--plots", type=Path, help="directory for PNGs (latency CDFs, KV/queue, token shares)")
     serve.add_argument("--model-dir", type=Path,
-                       help=f"model directory (default: <home>/models/{MODEL_NAME}, the tiny demo model with a "
+                       help=f"model directory (default: <home>/models/{MODEL_NAME}, the small demo model with a "
                             f"{MAX_CONTEXT}-token context, built if missing)")
     serve.set_defaults(handler=run)
 
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings()
     model_dir = args.model_dir or settings.home / "models" / MODEL_NAME
     if not (model_dir / "manifest.json").is_file():
-        build_demo_model(model_dir, size="tiny", progress=False, max_context=MAX_CONTEXT)
+        build_demo_model(model_dir, size="small", progress=False, max_context=MAX_CONTEXT)
     report = asyncio.run(run_serve_bench(model_dir, args.quick, settings.home / "bench" / "serve", args.plots))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
