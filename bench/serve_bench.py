@@ -51,10 +51,10 @@ class BenchConfig:
     sweep_drain_s: float = 10.0
 
 
-QUICK = BenchConfig(mixed_s=15, chat_rate=1.0, api_rate=0.5, docs_rate=0.1, flood_rate=4.0,
-                    sweep_rates=(0.5, 1.0, 2.0, 4.0), sweep_s=6, drain_s=25)
-FULL = BenchConfig(mixed_s=60, chat_rate=1.0, api_rate=0.5, docs_rate=0.05, flood_rate=4.0,
-                   sweep_rates=(0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0), sweep_s=30, drain_s=60)
+QUICK = BenchConfig(mixed_s=15, chat_rate=2.0, api_rate=1.0, docs_rate=0.2, flood_rate=8.0,
+                    sweep_rates=(1.0, 2.0, 4.0, 8.0), sweep_s=6, drain_s=25)
+FULL = BenchConfig(mixed_s=60, chat_rate=2.0, api_rate=1.0, docs_rate=0.1, flood_rate=8.0,
+                   sweep_rates=(1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0), sweep_s=30, drain_s=60)
 
 
 def mixed_loads(config: BenchConfig) -> list[TenantLoad]:

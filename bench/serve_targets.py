@@ -25,8 +25,8 @@ from bench.serve_client import Target
 from ledgerlm.settings import REPO_ROOT, Settings
 
 HEARTBEAT_INTERVAL_MS = 500
-# Room for several long documents (4,600 tokens each) beside the interactive work on the small model (8 KiB of
-# KV per token: 32,768 tokens); the worker's default of 64 MiB held one and a half.
+# Room for many long documents (4,600 tokens each) beside the interactive work: 131,072 tokens on the mini
+# model (2 KiB of KV per token), 32,768 on the small one (8 KiB); the worker's default 64 MiB is a quarter.
 WORKER_KV_CACHE_BYTES = 256 * 1024 * 1024
 PER_STEP_TOKENS = 512  # EngineConfig.max_num_batched_tokens, the worker's default
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from ledgerlm.settings import Settings
 
-MODEL_NAME = "small-8k"
-MAX_CONTEXT = 8192  # long documents: 4,000 prompt + 600 output tokens
+MODEL_SIZE = "mini"  # 4.9M parameters, an 8,192-token context: long documents are 4,000 + 600 tokens
 
 
 def register_serve(bench: argparse._SubParsersAction) -> None:
@@ -19,8 +18,8 @@ def register_serve(bench: argparse._SubParsersAction) -> None:
     serve.add_argument("--quick", action="store_true", help="short phases: ends within 3 minutes")
     serve.add_argument("--plots", type=Path, help="directory for PNGs (latency CDFs, KV/queue, token shares)")
     serve.add_argument("--model-dir", type=Path,
-                       help=f"model directory (default: <home>/models/{MODEL_NAME}, the small demo model with a "
-                            f"{MAX_CONTEXT}-token context, built if missing)")
+                       help=f"model directory (default: <home>/models/{MODEL_SIZE}, the {MODEL_SIZE} demo model, "
+                            "built if missing)")
     serve.set_defaults(handler=run)
 
 
@@ -30,9 +29,9 @@ def run(args: argparse.Namespace) -> int:
     from engine.demo_model import build_demo_model
 
     settings = Settings()
-    model_dir = args.model_dir or settings.home / "models" / MODEL_NAME
+    model_dir = args.model_dir or settings.home / "models" / MODEL_SIZE
     if not (model_dir / "manifest.json").is_file():
-        build_demo_model(model_dir, size="small", progress=False, max_context=MAX_CONTEXT)
+        build_demo_model(model_dir, size=MODEL_SIZE, progress=False)
     report = asyncio.run(run_serve_bench(model_dir, args.quick, settings.home / "bench" / "serve", args.plots))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")

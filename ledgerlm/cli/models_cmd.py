@@ -13,11 +13,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         dest="action", required=True)
     build = models.add_parser("build-demo", help="build a seeded demo Llama model and tokenizer, no network")
     build.add_argument("--out", required=True, type=Path, help="directory to create (must not exist or be empty)")
-    build.add_argument("--size", choices=("tiny", "small"), default="tiny")
+    build.add_argument("--size", choices=("tiny", "small", "mini"), default="tiny",
+                       help="tiny 0.16M / small 31M parameters (contexts 512 / 2,048); mini 4.9M, 8,192 context")
     build.add_argument("--train-steps", type=int, default=None, help="CPU training steps (default per size)")
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--max-context", type=int, default=None,
-                       help="context length in tokens (default per size: tiny 512, small 2048)")
+                       help="context length in tokens (default: the size's)")
     build.set_defaults(handler=run_build_demo)
 
     manifest = models.add_parser("manifest", help="write manifest.json (SHA-256 of every file) for a trusted checkpoint")
