@@ -1,7 +1,8 @@
 """The two servers the serving bench compares, each started fresh and stopped after its load.
 
-    ledgerlm            controller + worker + gateway processes in a control plane of their own (a fresh
-                        controller group) on the running broker and database; tenants created for the run;
+    ledgerlm            controller + worker + projector + gateway processes (as `ledgerlm up` runs them) in a
+                        control plane of their own (a fresh controller group) on the running broker and
+                        database; tenants created for the run;
                         the worker's heartbeats on `llm.workers` sampled for KV blocks and queue depth
     transformers serve  `transformers serve MODEL --continuous-batching` on CPU, float32, its KV pool and
                         per-step token budget set to the worker's (as many blocks of 16 tokens, 512 tokens)
@@ -104,10 +105,13 @@ async def ledgerlm_platform(model_dir: Path, tenants: list[TenantSpec], workdir:
     await move_group_to_end(bootstrap, plane, "llm.commands")
     env, worker_id, port = role_env(bootstrap, db_url, plane), f"{plane}-w1", free_port()
     workdir.mkdir(parents=True, exist_ok=True)
-    logs = {role: workdir / f"{role}.log" for role in ("controller", "worker", "gateway")}
+    logs = {role: workdir / f"{role}.log" for role in ("controller", "worker", "gateway", "projector")}
     procs = [spawn(["controller"], env, logs["controller"]),
              spawn(["worker", "--model-version", version, "--worker-id", worker_id], env, logs["worker"]),
-             spawn(["gateway", "--host", "127.0.0.1", "--port", str(port)], env, logs["gateway"])]
+             spawn(["gateway", "--host", "127.0.0.1", "--port", str(port)], env, logs["gateway"]),
+             # The resume buffer the gateway fills a stream's gaps from (without it a late view ends the
+             # stream with `cursor_expired`).
+             spawn(["project"], env, logs["projector"])]
     sampler = HeartbeatSampler(bootstrap, worker_id)
     try:
         await wait_for_log(logs["controller"], "controller owns partitions", procs[0], 120)

@@ -118,13 +118,17 @@ def test_openai_body_sends_ledgerlm_only_fields_to_ledgerlm():
 def test_report_shape_and_ratios(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 512,
                                                       "max_position_embeddings": 8192}))
-    side = {"slo_tenants_interactive": {"goodput_rps": 2.0}, "capacity_rps": 4.0}
-    targets = {"ledgerlm": {**side}, "transformers_serve": {"slo_tenants_interactive": {"goodput_rps": 1.0},
+    side = {"slo_tenants_interactive": {"goodput_rps": 2.0, "good": 6}, "capacity_rps": 4.0}
+    targets = {"ledgerlm": {**side}, "transformers_serve": {"slo_tenants_interactive": {"goodput_rps": 1.0, "good": 3},
                                                              "capacity_rps": 2.0}}
     mixed = plan(mixed_loads(QUICK), 2.0, make_prompts(), seed=0)
     report = assemble(QUICK, True, tmp_path, mixed, targets, 8192, [0.1, 0.2, 0.3])
     assert report["goodput_ratio_vs_transformers_serve"] == 2.0
-    assert report["capacity_ratio_vs_transformers_serve"] == 2.0
+    assert report["capacity_ratio_vs_transformers_serve"] == 2.0 and report["goodput_ratio_lower_bound"] == 2.0
+    none_good = comparison({"ledgerlm": side, "transformers_serve": {"slo_tenants_interactive": {
+        "goodput_rps": 0.0, "good": 0}, "capacity_rps": 0.0}})
+    assert none_good["goodput_ratio_vs_transformers_serve"] is None and none_good["goodput_ratio_lower_bound"] == 6.0
+    assert "goodput is 0" in none_good["ratio_note"]
     assert report["model"]["max_context"] == 8192 and report["slo"] == {"ttft_s": 1.0, "itl_s": 0.05}
     assert {t["name"] for t in report["tenants"]} == {t.name for t in TENANTS}
     assert "good_request" in report["definitions"]
