@@ -20,6 +20,7 @@ longer than the per-step token budget allows: the worker's scheduler runs decode
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -52,7 +53,7 @@ class BenchConfig:
 
 
 QUICK = BenchConfig(mixed_s=15, chat_rate=1.0, api_rate=0.5, docs_rate=0.1, flood_rate=4.0,
-                    sweep_rates=(1.0, 2.0, 4.0), sweep_s=6, drain_s=20)
+                    sweep_rates=(1.0, 2.0, 4.0), sweep_s=8, drain_s=20)
 FULL = BenchConfig(mixed_s=60, chat_rate=1.0, api_rate=0.5, docs_rate=0.05, flood_rate=4.0,
                    sweep_rates=(1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0), sweep_s=30, drain_s=60)
 
@@ -84,8 +85,6 @@ def slo_interactive(records: list[RequestRecord], window_s: float) -> dict:
 
 async def warm_up(target: Target) -> None:
     """Two short requests per API (first requests load tokenizers, allocate caches): not measured."""
-    from bench.serve_workload import PlannedRequest
-
     warm = [PlannedRequest(i, 0.0, "chat", "warm", api, "interactive", "the water is", 3, 4)
             for i, api in enumerate(("native", "openai", "native", "openai"))]
     _, records = await replay(target, warm, drain_s=120)
@@ -93,12 +92,26 @@ async def warm_up(target: Target) -> None:
         raise TargetUnavailable(f"{target.name}: warm-up got no answer: {[r.error or r.status for r in records]}")
 
 
+async def settle(target: Target, within_s: float = 0.5, limit_s: float = 30.0) -> float:
+    """Wait until a one-token request comes back within `within_s` (work cut at the previous phase's end may
+    still be running: a server that does not cancel it would load the next phase); returns the seconds waited."""
+    probe = PlannedRequest(0, 0.0, "chat", "probe", "openai", "interactive", "the water is", 3, 1)
+    started = time.monotonic()
+    while time.monotonic() - started < limit_s:
+        _, (record,) = await replay(target, [probe], drain_s=limit_s)
+        if record.completed and (record.e2e or limit_s) <= within_s:
+            break
+        await asyncio.sleep(0.5)
+    return round(time.monotonic() - started, 2)
+
+
 async def run_phase(target: Target, requests: list[PlannedRequest], window_s: float, drain_s: float,
                     heartbeats=None) -> tuple[dict, list[RequestRecord], list[dict]]:
+    settled_s = await settle(target)
     load = [round(x, 2) for x in os.getloadavg()]
     t0, records = await replay(target, requests, drain_s)
     samples = heartbeats.series(t0, time.monotonic()) if heartbeats is not None else []
-    return {"load_avg_at_start": load, **summarize(records, window_s)}, records, samples
+    return {"settled_s": settled_s, "load_avg_at_start": load, **summarize(records, window_s)}, records, samples
 
 
 async def sweep(target: Target, config: BenchConfig, prompts: PromptSource) -> list[dict]:
@@ -106,9 +119,11 @@ async def sweep(target: Target, config: BenchConfig, prompts: PromptSource) -> l
     points = []
     for rate in config.sweep_rates:
         requests = plan(sweep_load(rate), config.sweep_s, prompts, config.seed + int(rate * 100))
+        settled_s = await settle(target)
+        load = [round(x, 2) for x in os.getloadavg()]
         _, records = await replay(target, requests, config.sweep_drain_s)
         result = summarize_group(records, config.sweep_s)
-        points.append({"rate": rate, "load_avg": [round(x, 2) for x in os.getloadavg()], **result})
+        points.append({"rate": rate, "settled_s": settled_s, "load_avg_at_start": load, **result})
         if not result["slo_holds"]:
             break
     return points

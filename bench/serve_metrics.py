@@ -32,6 +32,8 @@ DEFINITIONS = {
                  "requests sent completed (rejections and errors count against it)",
     "capacity_rps": "the highest swept rate at which slo_holds for the interactive mix (0 when none)",
     "served_token_share": "a tenant's output tokens / all output tokens delivered in the window",
+    "settled_s": "before each phase, seconds until a one-token request returned within 0.5 s (at most 30): "
+                 "what the previous phase left running",
 }
 
 
