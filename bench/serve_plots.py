@@ -16,6 +16,14 @@ def _figure():
     return plt
 
 
+def _save(plt, fig, title: str, out: Path) -> Path:
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
 def latency_cdfs(records: dict[str, Sequence[RequestRecord]], mix: str, out: Path) -> Path:
     """TTFT, ITL and end-to-end CDFs of one mix, one line per target."""
     plt = _figure()
@@ -33,11 +41,7 @@ def latency_cdfs(records: dict[str, Sequence[RequestRecord]], mix: str, out: Pat
         ax.legend()
     for ax, slo in ((axes[0], 1000), (axes[1], 50)):
         ax.axvline(slo, color="red", linestyle="--", linewidth=1)
-    fig.suptitle(f"{mix} mix: latency CDFs (red: SLO)")
-    fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, f"{mix} mix: latency CDFs (red: SLO)", out)
 
 
 def kv_and_queue(samples: Sequence[dict], out: Path) -> Path:
@@ -58,11 +62,7 @@ def kv_and_queue(samples: Sequence[dict], out: Path) -> Path:
     queue.set_xlabel("seconds since the load started")
     queue.legend(loc="upper left")
     running.legend(loc="upper right")
-    fig.suptitle("ledgerlm worker: KV usage and queue depth (heartbeats)")
-    fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, "ledgerlm worker: KV usage and queue depth (heartbeats)", out)
 
 
 def token_shares(records: dict[str, Sequence[RequestRecord]], bin_s: float, out: Path) -> Path:
@@ -82,11 +82,7 @@ def token_shares(records: dict[str, Sequence[RequestRecord]], bin_s: float, out:
         ax.set_xlabel("seconds since the load started")
         ax.set_ylabel("share of output tokens")
         ax.legend(loc="upper right")
-    fig.suptitle("served-token share per tenant over time")
-    fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, "served-token share per tenant over time", out)
 
 
 def write_plots(records: dict[str, Sequence[RequestRecord]], samples: Sequence[dict], bin_s: float,

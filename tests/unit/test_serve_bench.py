@@ -135,3 +135,15 @@ def test_report_shape_and_ratios(tmp_path):
     json.dumps(report)  # JSON-ready
     down = comparison({"ledgerlm": side, "transformers_serve": {"unavailable": "no accelerate"}})
     assert down["goodput_ratio_vs_transformers_serve"] is None and "no accelerate" in down["ratio_note"]
+
+
+def test_plots_write_one_png_per_mix_plus_kv_and_shares(tmp_path):
+    from bench.serve_plots import write_plots
+
+    records = [make_record(), make_record(mix="long_document", tenant="docs")]
+    samples = [{"t": 0.5, "used_blocks": 3, "free_blocks": 5, "total_blocks": 8, "running": 1, "queued_tokens": 4}]
+    paths = write_plots({"ledgerlm": records, "transformers_serve": records[:1]}, samples, 1.0, tmp_path)
+    assert sorted(p.rsplit("/", 1)[1] for p in paths) == [
+        "kv_blocks_queue_depth.png", "latency_cdf_interactive.png", "latency_cdf_long_document.png",
+        "tenant_token_share.png"]
+    assert all((tmp_path / p.rsplit("/", 1)[1]).read_bytes().startswith(b"\x89PNG") for p in paths)
