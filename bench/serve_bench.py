@@ -28,8 +28,8 @@ from pathlib import Path
 
 from bench.serve_client import Target, replay
 from bench.serve_metrics import DEFINITIONS, SLO, RequestRecord, capacity, ratio, summarize, summarize_group
-from bench.serve_targets import (PER_STEP_TOKENS, TargetUnavailable, TenantSpec, ledgerlm_platform,
-                                 transformers_serve)
+from bench.serve_targets import (PER_STEP_TOKENS, HeartbeatSampler, TargetUnavailable, TenantSpec,
+                                 ledgerlm_platform, transformers_serve)
 from bench.serve_workload import INTERACTIVE, LONG_DOCUMENT, PlannedRequest, PromptSource, TenantLoad, plan
 
 SLO_TENANTS = ("chat", "api")  # the tenants the interactive SLO is promised to (the flood is over budget)
@@ -108,7 +108,7 @@ async def settle(target: Target, within_s: float = 0.5, limit_s: float = 30.0) -
 
 
 async def run_phase(target: Target, requests: list[PlannedRequest], window_s: float, drain_s: float,
-                    heartbeats=None) -> tuple[dict, list[RequestRecord], list[dict]]:
+                    heartbeats: HeartbeatSampler | None = None) -> tuple[dict, list[RequestRecord], list[dict]]:
     settled_s = await settle(target)
     load = [round(x, 2) for x in os.getloadavg()]
     t0, records = await replay(target, requests, drain_s)
@@ -132,7 +132,7 @@ async def sweep(target: Target, config: BenchConfig, prompts: PromptSource) -> l
 
 
 async def bench_target(target: Target, config: BenchConfig, mixed: list[PlannedRequest], prompts: PromptSource,
-                       heartbeats=None) -> tuple[dict, list[RequestRecord], list[dict]]:
+                       heartbeats: HeartbeatSampler | None = None) -> tuple[dict, list[RequestRecord], list[dict]]:
     await warm_up(target)
     summary, records, samples = await run_phase(target, mixed, config.mixed_s, config.drain_s, heartbeats)
     points = await sweep(target, config, prompts)

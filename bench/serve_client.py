@@ -137,7 +137,8 @@ async def read_stream(response: httpx.Response, record: RequestRecord, native: b
             on_openai_chunk(record, data, now)
 
 
-async def replay(target: Target, requests: Sequence[PlannedRequest], drain_s: float) -> tuple[float, list[RequestRecord]]:
+async def replay(target: Target, requests: Sequence[PlannedRequest],
+                 drain_s: float) -> tuple[float, list[RequestRecord]]:
     """Send each request at its offset from now; returns (the start on the monotonic clock, every record).
 
     Streams still open `drain_s` after the last send are cut and recorded with error "deadline", so an

@@ -113,7 +113,8 @@ def group_by(records: Sequence[RequestRecord], key: str) -> dict[str, list[Reque
 
 
 def served_token_shares(records: Sequence[RequestRecord]) -> dict[str, float]:
-    tokens = Counter({tenant: sum(r.output_tokens for r in group) for tenant, group in group_by(records, "tenant").items()})
+    tokens = Counter({tenant: sum(r.output_tokens for r in group)
+                      for tenant, group in group_by(records, "tenant").items()})
     total = sum(tokens.values())
     return {tenant: round(n / total, 3) if total else 0.0 for tenant, n in sorted(tokens.items())}
 

@@ -33,7 +33,8 @@ def latency_cdfs(records: dict[str, Sequence[RequestRecord]], mix: str, out: Pat
             values = sorted(v * 1000 for r in recs if r.mix == mix and r.completed
                             and (v := getattr(r, metric)) is not None)
             if values:
-                ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=f"{target} (n={len(values)})")
+                fractions = [(i + 1) / len(values) for i in range(len(values))]
+                ax.plot(values, fractions, label=f"{target} (n={len(values)})")
         ax.set_xscale("log")
         ax.set_xlabel(f"{metric} (ms)")
         ax.set_ylabel("fraction of requests")
@@ -74,7 +75,8 @@ def token_shares(records: dict[str, Sequence[RequestRecord]], bin_s: float, out:
     for ax, (target, recs) in zip(axes[0], records.items()):
         series = token_share_series(recs, bin_s)
         totals = [sum(point["tokens"].values()) or 1 for point in series]
-        shares = [[point["tokens"].get(tenant, 0) / total for point, total in zip(series, totals)] for tenant in tenants]
+        shares = [[point["tokens"].get(tenant, 0) / total for point, total in zip(series, totals)]
+                  for tenant in tenants]
         if series:
             ax.stackplot([point["t_s"] for point in series], shares, labels=tenants, colors=colors)
         ax.set_ylim(0, 1)

@@ -9,7 +9,8 @@ import pytest
 from bench.serve_bench import QUICK, TENANTS, assemble, comparison, mixed_loads
 from bench.serve_client import on_native_event, on_openai_chunk, openai_body, spread_usage
 from bench.serve_metrics import RequestRecord, Slo, capacity, ratio, summarize, summarize_group
-from bench.serve_workload import INTERACTIVE, LONG_DOCUMENT, PlannedRequest, PromptSource, TenantLoad, plan, poisson_arrivals
+from bench.serve_workload import (INTERACTIVE, LONG_DOCUMENT, PlannedRequest, PromptSource, TenantLoad, plan,
+                                  poisson_arrivals)
 
 
 def make_prompts() -> PromptSource:
