@@ -54,9 +54,9 @@ class BenchConfig:
 
 # --quick must end within 3 minutes on a loaded 2-core machine: transformers serve's mixed phase always runs
 # to its drain bound, and the sweep stops at the first rate that misses the SLO.
-QUICK = BenchConfig(mixed_s=12, chat_rate=1.0, api_rate=0.5, docs_rate=0.1, flood_rate=4.0,
+QUICK = BenchConfig(mixed_s=12, chat_rate=1.0, api_rate=0.5, docs_rate=0.25, flood_rate=4.0,
                     sweep_rates=(1.0, 2.0, 4.0), sweep_s=8, drain_s=15, sweep_drain_s=8.0)
-FULL = BenchConfig(mixed_s=60, chat_rate=1.0, api_rate=0.5, docs_rate=0.05, flood_rate=4.0,
+FULL = BenchConfig(mixed_s=60, chat_rate=1.0, api_rate=0.5, docs_rate=0.1, flood_rate=4.0,
                    sweep_rates=(1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0), sweep_s=30, drain_s=60)
 
 
@@ -137,7 +137,9 @@ async def bench_target(target: Target, config: BenchConfig, mixed: list[PlannedR
     summary, records, samples = await run_phase(target, mixed, config.mixed_s, config.drain_s, heartbeats)
     points = await sweep(target, config, prompts)
     report = {"mixed": summary, "slo_tenants_interactive": slo_interactive(records, config.mixed_s),
-              "sweep": points, "capacity_rps": capacity(points)}
+              "sweep": points, "capacity_rps": capacity(points),
+              # The SLO still held at the highest rate swept: the capacity is at least that, not exactly it.
+              "capacity_is_lower_bound": bool(points) and points[-1]["slo_holds"]}
     if heartbeats is not None:
         report["kv_queue_series"] = samples
     return report, records, samples

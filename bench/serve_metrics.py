@@ -30,7 +30,8 @@ DEFINITIONS = {
     "goodput_rps": "good requests / load window (the plan's duration)",
     "slo_holds": "over one mix: p95(ttft) <= slo.ttft_s and p95(itl) <= slo.itl_s and at least 95% of the "
                  "requests sent completed (rejections and errors count against it)",
-    "capacity_rps": "the highest swept rate at which slo_holds for the interactive mix (0 when none)",
+    "capacity_rps": "the highest swept rate at which slo_holds for the interactive mix (0 when none); the sweep "
+                    "stops at the first rate that misses; capacity_is_lower_bound when the top rate still held",
     "served_token_share": "a tenant's output tokens / all output tokens delivered in the window",
     "settled_s": "before each phase, seconds until a one-token request returned within 0.5 s (at most 30): "
                  "what the previous phase left running",
