@@ -130,6 +130,16 @@ async def ledgerlm_platform(model_dir: Path, tenants: list[TenantSpec], workdir:
         stop_processes(procs)
 
 
+def worker_kv_blocks(model_dir: Path, block_size: int = 16) -> int:
+    """The worker's KV pool in blocks: WORKER_KV_CACHE_BYTES over DESIGN.md's bytes per token (float32)."""
+    import json
+
+    config = json.loads((model_dir / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
+    return WORKER_KV_CACHE_BYTES // (block_size * per_token)
+
+
 class TargetUnavailable(RuntimeError):
     """The server could not be started or answered nothing; the report carries the reason instead of numbers."""
 

@@ -148,3 +148,23 @@ def test_plots_write_one_png_per_mix_plus_kv_and_shares(tmp_path):
         "kv_blocks_queue_depth.png", "latency_cdf_interactive.png", "latency_cdf_long_document.png",
         "tenant_token_share.png"]
     assert all((tmp_path / p.rsplit("/", 1)[1]).read_bytes().startswith(b"\x89PNG") for p in paths)
+
+
+async def test_sweep_interleaves_servers_and_stops_each_at_its_first_miss(monkeypatch):
+    import bench.serve_bench as serve_bench
+    from bench.serve_client import Target
+
+    capacity_of = {"ledgerlm": 4.0, "transformers_serve": 1.0}
+    calls = []
+
+    async def fake_point(target, rate, config, prompts):
+        calls.append((target.name, rate))
+        return {"rate": rate, "slo_holds": rate <= capacity_of[target.name]}
+
+    monkeypatch.setattr(serve_bench, "sweep_point", fake_point)
+    servers = {name: Target(name, "http://x", "m") for name in capacity_of}
+    points = await serve_bench.sweep(servers, QUICK, make_prompts())
+    assert calls == [("ledgerlm", 1.0), ("transformers_serve", 1.0), ("transformers_serve", 2.0),
+                     ("ledgerlm", 2.0), ("ledgerlm", 4.0)]
+    assert [capacity(points[name]) for name in servers] == [4.0, 1.0]
+    assert points["ledgerlm"][-1]["slo_holds"] and not points["transformers_serve"][-1]["slo_holds"]
