@@ -50,9 +50,8 @@ def kv_and_queue(samples: Sequence[dict], out: Path) -> Path:
     plt = _figure()
     fig, (kv, queue) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
     t = [s["t"] for s in samples]
-    kv.plot(t, [s["used_blocks"] for s in samples], label="used KV blocks")
-    if samples:
-        kv.axhline(samples[0]["total_blocks"], color="grey", linestyle="--", label="total blocks")
+    total = samples[0]["total_blocks"] if samples else 0
+    kv.plot(t, [s["used_blocks"] for s in samples], label=f"used KV blocks (of {total})")
     kv.set_ylabel("blocks")
     kv.legend()
     queue.plot(t, [s["queued_tokens"] for s in samples], label="queued tokens")
