@@ -25,31 +25,8 @@ import time
 import uuid
 from pathlib import Path
 
+from bench.common import percentile, spawn, stop_processes, wait_for_log
 from ledgerlm.settings import REPO_ROOT, Settings
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
-
-
-def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ledgerlm.cli.main", *args], env=env, cwd=REPO_ROOT,
-                            stdout=log.open("ab"), stderr=subprocess.STDOUT)
-
-
-async def wait_for_log(log: Path, fragment: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if fragment in log.read_text(errors="replace"):
-            return
-        if proc.poll() is not None:
-            break
-        await asyncio.sleep(0.2)
-    raise RuntimeError(f"{log.stem}: no {fragment!r}: {log.read_text(errors='replace')[-2000:]}")
 
 
 def workload(num_requests: int) -> list[str]:
@@ -105,7 +82,7 @@ async def run_admission_bench(model_dir: Path, rate: float, seconds: float, num_
                               output_tokens: int, workdir: Path) -> dict:
     import httpx
 
-    from bench.stream_bench import free_port
+    from bench.common import free_port
     from consumers.kafka.groups import move_group_to_end
     from engine.artifacts import load_artifacts
     from ledgerlm.cli.endpoints import database_url, kafka_bootstrap
@@ -156,13 +133,7 @@ async def run_admission_bench(model_dir: Path, rate: float, seconds: float, num_
             before = await asyncio.to_thread(engine_alone_process, model_dir, prompts, output_tokens, workdir, env)
             platform = await throughput_phase(client, version, texts, output_tokens)
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs)
     after = await asyncio.to_thread(engine_alone_process, model_dir, prompts, output_tokens, workdir, env)
     alone = {"before": before, "after": after,
              "tokens_per_s": round((before["tokens_per_s"] + after["tokens_per_s"]) / 2, 1)}

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 
 import psycopg
 
+from bench.common import percentile
 from consumers.kafka.clients import make_producer
 from ledgerlm.settings import Settings
 from migrations import runner
@@ -30,13 +31,6 @@ from schemas.topics import GENERATIONS, TOKENS
 from schemas.values import Usage
 
 HASH = "ef" * 32
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 class ScratchDatabase:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -29,18 +28,12 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.common import free_port, percentile, wait_ready
 from ledgerlm.settings import REPO_ROOT, Settings
 
 HASH = "ab" * 32
 TARGET_EVENTS_PER_S = 20000
 TARGET_P95_MS = 10.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -53,12 +46,6 @@ def machine_busy_s() -> float:
     """CPU seconds spent not idle on the whole machine so far, all cores together."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- the producer ("worker"), in its own process
@@ -219,20 +206,6 @@ async def publish_admitted(bootstrap: str, tenant: str, generations: list[str], 
                 input_tokens=8, max_output_tokens=per_gen + 1, reserved_tokens=per_gen + 9, payload_hash=HASH))
     finally:
         await producer.stop()
-
-
-async def wait_ready(http, gateway: subprocess.Popen, log: Path, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if gateway.poll() is not None:
-            break
-        try:
-            if (await http.get("/healthz")).status_code == 200:
-                return
-        except Exception:
-            pass
-        await asyncio.sleep(0.2)
-    raise RuntimeError(f"gateway did not come up: {log.read_text(errors='replace')[-2000:]}")
 
 
 async def run_stream_bench(clients: int, rate: int, seconds: float, workdir: Path) -> dict:

@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from ledgerlm.cli.bench_chaos_cmd import register_chaos  # faults under load (issue 7)
     register_chaos(bench)
 
+    from ledgerlm.cli.bench_serve_cmd import register_serve  # serving SLOs vs transformers serve (issue 7)
+    register_serve(bench)
+
 
 def run_engine_bench(args: argparse.Namespace) -> int:
     # Must precede the first torch import. With the default (spinning) wait

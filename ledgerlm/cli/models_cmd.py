@@ -13,9 +13,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         dest="action", required=True)
     build = models.add_parser("build-demo", help="build a seeded demo Llama model and tokenizer, no network")
     build.add_argument("--out", required=True, type=Path, help="directory to create (must not exist or be empty)")
-    build.add_argument("--size", choices=("tiny", "small"), default="tiny")
+    build.add_argument("--size", choices=("tiny", "small", "mini"), default="tiny",
+                       help="tiny 0.16M / small 31M parameters (contexts 512 / 2,048); mini 4.9M, 8,192 context")
     build.add_argument("--train-steps", type=int, default=None, help="CPU training steps (default per size)")
     build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--max-context", type=int, default=None,
+                       help="context length in tokens (default: the size's)")
     build.set_defaults(handler=run_build_demo)
 
     manifest = models.add_parser("manifest", help="write manifest.json (SHA-256 of every file) for a trusted checkpoint")
@@ -36,11 +39,13 @@ def run_build_demo(args: argparse.Namespace) -> int:
 
     if args.train_steps is not None and args.train_steps < 0:
         raise CliError("--train-steps must be >= 0")
+    if args.max_context is not None and args.max_context < 1:
+        raise CliError("--max-context must be >= 1")
     steps = SIZES[args.size].default_train_steps if args.train_steps is None else args.train_steps
     print(f"building {args.size} demo model into {args.out} (seed {args.seed}, {steps} training steps)")
     try:
         out = build_demo_model(args.out, size=args.size, train_steps=steps, seed=args.seed,
-                               progress=sys.stderr.isatty(), log=print)
+                               progress=sys.stderr.isatty(), log=print, max_context=args.max_context)
     except FileExistsError as exc:
         raise CliError(str(exc)) from None
     print(f"wrote {out} (manifest.json lists every file's SHA-256)")

@@ -20,3 +20,20 @@ def test_build_demo_writes_verified_model(tmp_path, capsys):
     (out / "config.json").write_text((out / "config.json").read_text() + " ")
     assert main(["models", "verify", str(out)]) == 2
     assert "config.json: SHA-256 does not match" in capsys.readouterr().err
+
+
+def test_build_demo_max_context_overrides_the_size_and_keeps_its_shape(tmp_path, capsys):
+    out = tmp_path / "long"
+    assert main(["models", "build-demo", "--out", str(out), "--size", "tiny", "--train-steps", "0",
+                 "--max-context", "4096"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["max_position_embeddings"] == 4096 and config["num_hidden_layers"] == 2
+    assert main(["models", "build-demo", "--out", str(tmp_path / "bad"), "--max-context", "0"]) == 2
+    assert "--max-context must be >= 1" in capsys.readouterr().err
+
+
+def test_mini_size_has_the_serving_bench_context():
+    from engine.demo_model import SIZES
+
+    assert SIZES["mini"].max_position_embeddings >= 4000 + 600  # the long-document mix fits
+    assert SIZES["tiny"].max_position_embeddings == 512 and SIZES["small"].max_position_embeddings == 2048
