@@ -216,11 +216,12 @@ def breakdown(log_lines: list[str]) -> dict:
 
 
 async def throughput_phase(client, version: str, texts: list[str], output_tokens: int) -> dict:
-    """Submit every prompt at once, each call waiting for its generation's end (`?wait=true`)."""
+    """Submit every prompt at once, each call waiting for its generation's end (`?wait=true`). Batch tier:
+    like the engine's own queue, more requests than the worker runs at once wait for room instead of 503."""
     started = time.perf_counter()
     responses = await asyncio.gather(*[client.post("/v1/generations?wait=true", json={
-        "requestId": uuid.uuid4().hex, "model": version, "input": text, "maxOutputTokens": output_tokens})
-        for text in texts])
+        "requestId": uuid.uuid4().hex, "model": version, "input": text, "maxOutputTokens": output_tokens,
+        "tier": "batch"}) for text in texts])
     done = [r.json() for r in responses if r.status_code == 201]
     if len(done) != len(texts):
         raise RuntimeError(f"throughput phase: {len(texts) - len(done)} requests refused: "

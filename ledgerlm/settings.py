@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     worker_kv_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     worker_max_num_seqs: int = Field(default=32, ge=1)
     worker_device: str = "auto"
+    worker_nice: int = Field(default=10, ge=0, le=19,
+                             description="added to the worker's nice value at start: on a machine it shares with "
+                                         "the gateway, controller and broker, the engine's compute then yields "
+                                         "to their latency-bound work")
     usage_report_tokens: int = Field(default=16, ge=1, description="a watermark every N generated tokens")
     usage_report_ms: int = Field(default=500, ge=1, description="... or every T ms, whichever first")
     stream_flush_ms: int = Field(default=20, ge=0,

@@ -18,8 +18,8 @@ def register_admission(bench: argparse._SubParsersAction) -> None:
                                 "tiny a generation is so cheap that fixed per-request costs are all one measures)")
     admission.add_argument("--rate", type=float, default=50.0, help="requests per second in the latency phase")
     admission.add_argument("--seconds", type=float, default=10.0)
-    admission.add_argument("--requests", type=int, default=32, help="generations in the throughput phase")
-    admission.add_argument("--output-tokens", type=int, default=64)
+    admission.add_argument("--requests", type=int, default=64, help="generations in the throughput phase")
+    admission.add_argument("--output-tokens", type=int, default=128)
     admission.set_defaults(handler=run)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 
 from ledgerlm.cli.endpoints import kafka_bootstrap
 from ledgerlm.cli.errors import CliError
@@ -37,6 +38,8 @@ def run_worker(args: argparse.Namespace) -> int:
 
     configure_logging("worker")
     settings = Settings()
+    if settings.worker_nice:
+        os.nice(settings.worker_nice)
     return serve(_worker(settings, kafka_bootstrap(settings), args))
 
 
