@@ -66,12 +66,15 @@ def final_payload(final: FinalEvent, generation_id: str) -> dict:
                       "outputTokens": usage.generated_output_tokens}}
 
 
+_quote = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str, without its dispatch
+
+
 def token_event(generation_id: str, epoch: int, seq: int, token_ids, text: str, token_count: int) -> StreamEvent:
     ids = list(token_ids)
-    quoted = json.dumps(text)
+    quoted = _quote(text)
     # The same JSON json.dumps would write for `data`, formatted directly: every streamed token passes here.
-    encoded = (f'{{"generationId":{json.dumps(generation_id)},"epoch":{epoch:d},"seq":{seq:d},'
-               f'"tokenIds":[{",".join(str(int(i)) for i in ids)}],"text":{quoted},"textDelta":{quoted},'
+    encoded = (f'{{"generationId":{_quote(generation_id)},"epoch":{epoch:d},"seq":{seq:d},'
+               f'"tokenIds":[{",".join(map(str, ids))}],"text":{quoted},"textDelta":{quoted},'
                f'"tokenCount":{token_count:d}}}')
     return StreamEvent("token", {"generationId": generation_id, "epoch": epoch, "seq": seq, "tokenIds": ids,
                                  "text": text, "textDelta": text, "tokenCount": token_count}, seq, encoded)

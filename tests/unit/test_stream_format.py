@@ -9,7 +9,7 @@ from producers.gateway.streams import sse, token_event
 
 
 @pytest.mark.parametrize("text", ["", "plain", 'quote " and \\ backslash', "line\nbreak\ttab", "héllo 😀 東京",
-                                  "\u0000\u001f control"])
+                                  "\u0000\u001f control", "a, b, [c], {d}: e"])
 def test_token_event_json_matches_json_dumps(text):
     event = token_event('gen-"1', 2, 7, (0, 511, 12), text, 9)
     assert event.encoded == json.dumps(event.data, separators=(",", ":"))
