@@ -240,6 +240,6 @@ def assemble(config: BenchConfig, quick: bool, model_dir: Path, mixed: list[Plan
                        "prompt_tokens": sum(r.prompt_tokens for r in mixed),
                        "max_output_tokens": sum(r.max_output_tokens for r in mixed)},
         "server_settings": {"kv_blocks": kv_blocks, "block_size": 16, "per_step_tokens": PER_STEP_TOKENS},
-        **comparison(targets), "targets": targets,
+        **comparison(targets), "servers": targets,  # the servers under test, side by side
         "target_goodput_ratio": 1.5,
     }
