@@ -106,8 +106,6 @@ async def run_admission_bench(model_dir: Path, rate: float, seconds: float, num_
            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     workdir.mkdir(parents=True, exist_ok=True)
     logs = {role: workdir / f"{role}.log" for role in ("controller", "worker", "gateway")}
-    for log in logs.values():
-        log.write_text("")
     port = free_port()
     procs = []
     try:

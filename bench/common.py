@@ -21,9 +21,10 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """A `ledgerlm` subcommand in a process of its own, stdout and stderr appended to `log`."""
+    """A `ledgerlm` subcommand in a process of its own, stdout and stderr written to `log` (emptied first: a
+    previous run's lines must not satisfy `wait_for_log`)."""
     return subprocess.Popen([sys.executable, "-m", "ledgerlm.cli.main", *args], env=env, cwd=REPO_ROOT,
-                            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
 async def wait_for_log(log: Path, fragment: str, proc: subprocess.Popen, timeout_s: float) -> None:
