@@ -60,7 +60,7 @@ class Gateway:
     models: Follower
     metrics: GatewayMetrics
     presence: Presence = field(default_factory=Presence)
-    deliveries: set = field(default_factory=set)  # the open streams' queues (BoundedDelivery), for bounds and metrics
+    deliveries: set = field(default_factory=set)  # the open streams' queues (BoundedDelivery): what they hold
 
     @classmethod
     def create(cls, settings: Settings, bootstrap: str, database_url: str) -> "Gateway":

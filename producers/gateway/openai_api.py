@@ -103,6 +103,9 @@ def render(gateway: "Gateway", body: OpenAIRequest, request_id: str, principal: 
         probe = gateway.catalog.render(body.native(request_id, 1), principal.max_tokens_per_request)
         room = min(gateway.catalog.version(body.model).max_context_tokens, principal.max_tokens_per_request)
         max_tokens = max(room - len(probe.token_ids), 1)  # no room: the render below says why (400)
+    if body.min_tokens > max_tokens:  # the limit asked for, or the room left in the context
+        raise ApiError(400, "invalid_request", f"min_tokens={body.min_tokens} exceeds max_tokens={max_tokens}",
+                       {"field": "min_tokens"})
     native = body.native(request_id, max_tokens)
     return native, gateway.catalog.render(native, principal.max_tokens_per_request)
 

@@ -35,9 +35,10 @@ def sha256_file(path: Path) -> str:
 
 
 def payload_hash(version: str, token_ids: tuple[int, ...], max_output_tokens: int, sampling: SamplingParams) -> str:
+    # Defaults are left out of `sampling`: a sampling field added later keeps old requests' hashes.
     canonical = json.dumps({"version": version, "tokens": list(token_ids), "maxOutputTokens": max_output_tokens,
-                            # defaults left out: a sampling field added later keeps old requests' hashes
-                            "sampling": sampling.model_dump(mode="json", exclude_defaults=True)}, sort_keys=True, separators=(",", ":"))
+                            "sampling": sampling.model_dump(mode="json", exclude_defaults=True)},
+                           sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -191,6 +191,14 @@ async def test_unsupported_or_invalid_fields_are_400_naming_the_field(gateway, c
     assert refused.value.type == "invalid_request_error"
 
 
+async def test_min_tokens_beyond_the_room_left_for_chat_without_a_limit_is_400(gateway, controller, client,
+                                                                              versions):
+    # No max_tokens: the limit is the rest of the 512-token context, which 600 tokens cannot fit in.
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model=versions["served"], messages=CHAT, extra_body={"min_tokens": 600})
+    assert refused.value.param == "min_tokens" and "exceeds max_tokens" in refused.value.message
+
+
 async def test_neutral_values_of_unsupported_fields_are_accepted(gateway, worker, client, versions):
     answer = await client.chat.completions.create(
         model=versions["served"], messages=[{"role": "developer", "content": [{"type": "text", "text": "hi"}]},
