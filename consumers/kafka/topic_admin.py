@@ -6,10 +6,12 @@ control and billing topics, a single node RF 1.
 """
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from schemas.topics import TOPICS, TopicSpec
 
@@ -57,14 +59,41 @@ class TopicAdmin:
         existing = set(await self.admin.list_topics())
         missing = [s for s in specs if s.name not in existing]
         if missing:
-            await self.admin.create_topics([
+            response = await self.admin.create_topics([
                 NewTopic(s.name, self._partitions(s), self.replication_factor,
                          topic_configs=s.configs(self.replication_factor))
                 for s in missing
             ])
+            # The metadata listed above can lag a creation that just happened: those topics exist, verify them.
+            existing |= self._already_existing(response.topic_errors)
+            # Brokers learn of new topics asynchronously: return once every declared topic shows its
+            # partitions, so what runs next (a producer, a second `ensure`, the drift check) finds them whole.
+            await self._await_metadata(specs)
+            missing = [s for s in missing if s.name not in existing]
         present = [s for s in specs if s.name in existing]
         drift = await self.drift(present) if present else ()
         return EnsureReport(tuple(s.name for s in missing), tuple(s.name for s in present), tuple(drift))
+
+    async def _await_metadata(self, specs: tuple[TopicSpec, ...], timeout_s: float = 15.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            layout = await self._layout([s.name for s in specs])
+            if all(layout.get(s.name, (0, None))[0] > 0 for s in specs):
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"topics without partitions in the metadata after {timeout_s:.0f}s")
+            await asyncio.sleep(0.1)
+
+    @staticmethod
+    def _already_existing(topic_errors) -> set[str]:
+        """Topics a CreateTopics answer says exist already; any other refusal is an error."""
+        already = set()
+        for topic, code, *_ in topic_errors:
+            if code == TopicAlreadyExistsError.errno:
+                already.add(topic)
+            elif code:
+                raise RuntimeError(f"creating topic {topic} failed: {for_code(code).__name__}")
+        return already
 
     async def drift(self, specs: list[TopicSpec]) -> list[Drift]:
         found: list[Drift] = []

@@ -27,6 +27,8 @@ async def test_worker_kill9_interrupts_within_lease_releases_and_ignores_late_to
         gen_id = created.json()["id"]
         bridge = gateway.gateway.bridge
         # A client streaming when the worker dies: it gets what was delivered, then the interrupted end.
+        # (No projector runs here: the stream is found through the bridge's view, so wait for that.)
+        await wait_until(lambda: bridge.view(gen_id), 10, what="the bridge's view")
         watcher = AsgiClient(gateway._transport.app, f"/v1/generations/{gen_id}/events", headers)
         watching = asyncio.create_task(watcher.run(timeout_s=30))
         await wait_until(lambda: (v := bridge.view(gen_id)) and len(v.tokens) >= 8, 30, what="tokens")
