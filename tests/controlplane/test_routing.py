@@ -8,12 +8,19 @@ from datetime import UTC, datetime, timedelta
 from consumers.kafka.clients import publish
 from schemas.dispatch import DrainWorker, StartAttempt
 from tests.controlplane.conftest import body, read_topic, wait_until
+from tests.controlplane.test_metrics import scrape, value
 
 
 async def test_two_workers_share_load_and_a_draining_one_gets_no_new_work(
         gateway, start_worker, controller, tenants, versions, producer):
+    live_url = await controller.metrics_url()
+    live_before = value(await scrape(live_url), "ledgerlm:workers_live")
     first, second = await start_worker("drained"), await start_worker("drained")
-    await asyncio.sleep(0.6)
+    # Both must be in the controller's registry before the first decision, or one gets all the work.
+    deadline = asyncio.get_running_loop().time() + 15
+    while value(await scrape(live_url), "ledgerlm:workers_live") < live_before + 2:
+        assert asyncio.get_running_loop().time() < deadline, "the controller never saw both workers"
+        await asyncio.sleep(0.1)
     headers, bridge = tenants["drain"].headers, gateway.gateway.bridge
 
     async def run(n: int, tokens: int) -> list[str]:
