@@ -25,7 +25,7 @@ from engine.llama import ModelDims
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "ledgerlm-manifest/1"
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def sha256_file(path: Path) -> str:
@@ -121,7 +121,9 @@ def model_dims(config: Any, path: Path) -> ModelDims:
         head_dim=head_dim,
         rms_norm_eps=config.rms_norm_eps,
         max_position_embeddings=config.max_position_embeddings,
+        # Qwen2 always has QKV bias; Qwen3 dropped it (attention_bias) and added per-head q/k RMSNorm.
         qkv_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
+        qk_norm=model_type == "qwen3",
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
     )
 
@@ -147,7 +149,13 @@ def rope_tables(config: Any, path: Path) -> tuple[torch.Tensor, float]:
 
 
 def sliding_window(config: Any) -> int | None:
-    """The attention window if any layer uses one, else None."""
+    """The attention window if any layer uses one, else None.
+
+    Qwen2/Qwen3 configs keep a `sliding_window` size even when `layer_types`
+    says every layer attends fully (`max_window_layers` covers them all), so
+    the layer types decide. The engine caps the context at the window, which
+    makes a window on only some layers harmless.
+    """
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None and "sliding_attention" not in layer_types:

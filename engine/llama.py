@@ -1,7 +1,8 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2) over the paged KV pool.
+"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over the paged KV pool.
 
 RMSNorm, RoPE (theta and scaling from the config via transformers' RoPE
-tables), grouped-query attention, SwiGLU, optional QKV bias. Tokens of all
+tables), grouped-query attention, SwiGLU, optional QKV bias, optional
+per-head RMSNorm of q and k before RoPE (Qwen3). Tokens of all
 sequences in a step are packed into one flat batch (no padding): decode rows
 first, then prefill chunks. Projections run once over the whole batch;
 only attention is split by sequence.
@@ -29,6 +30,7 @@ class ModelDims:
     max_position_embeddings: int
     qkv_bias: bool
     tie_word_embeddings: bool
+    qk_norm: bool  # RMSNorm over each head's head_dim of q and k, before RoPE
 
     @property
     def q_size(self) -> int:
@@ -113,6 +115,8 @@ class LlamaWeights:
                     in_norm=take(p + "input_layernorm.weight"),
                     qkv=torch.cat(qkv_w),
                     qkv_bias=fused_bias([p + f"self_attn.{n}_proj.bias" for n in "qkv"], qkv_w),
+                    q_norm=take(p + "self_attn.q_norm.weight") if dims.qk_norm else None,
+                    k_norm=take(p + "self_attn.k_norm.weight") if dims.qk_norm else None,
                     o=take(p + "self_attn.o_proj.weight"),
                     o_bias=maybe(p + "self_attn.o_proj.bias"),
                     post_norm=take(p + "post_attention_layernorm.weight"),
@@ -163,6 +167,9 @@ class LlamaModel:
             q = q.view(-1, d.num_heads, d.head_dim)
             k = k.view(-1, d.num_kv_heads, d.head_dim)
             v = v.view(-1, d.num_kv_heads, d.head_dim)
+            if d.qk_norm:
+                q = rms_norm(q, layer["q_norm"], d.rms_norm_eps)
+                k = rms_norm(k, layer["k_norm"], d.rms_norm_eps)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             k_pool, v_pool = kv_pool[i, 0], kv_pool[i, 1]  # [KVH, slots, D]
