@@ -65,11 +65,14 @@ def test_registered_checksums_must_agree_with_manifest(model_copy):
     assert err.value.path == str(model_copy / "model.safetensors")
 
 
-def test_unsupported_architecture_is_refused(model_copy):
+@pytest.mark.parametrize("model_type", ["gpt2", "gemma", "phi3"])
+def test_unsupported_architecture_is_refused(model_copy, model_type):
+    # gemma and phi3 configs use the same field names as Llama: only model_type keeps them out.
     cfg = json.loads((model_copy / "config.json").read_text())
-    cfg["model_type"] = "gpt2"
-    cfg["architectures"] = ["GPT2LMHeadModel"]
+    cfg["model_type"] = model_type
+    cfg.pop("architectures", None)
     (model_copy / "config.json").write_text(json.dumps(cfg))
     write_manifest(model_copy)  # a correctly signed but unsupported checkpoint
-    with pytest.raises(ArtifactError, match="model_type"):
+    with pytest.raises(ArtifactError, match=f"model_type '{model_type}' is not one of") as err:
         load_artifacts(model_copy)
+    assert err.value.path == str(model_copy / "config.json")
