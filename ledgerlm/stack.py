@@ -1,6 +1,6 @@
 """`ledgerlm up` / `ledgerlm down`: the whole platform on this machine.
 
-    up:   infra (Kafka + PostgreSQL) ─▶ migrations ─▶ topics ─▶ demo model built + registered
+    up:   infra (Kafka + PostgreSQL) ─▶ migrations ─▶ topics ─▶ model ready + registered (stack_model)
           ─▶ demo tenant ─▶ controller, worker, projector, gateway processes ─▶ one demo generation
     down: stops the role processes `up` started (and the services, if `up` started them)
 
@@ -25,6 +25,7 @@ from pathlib import Path
 from ledgerlm.settings import REPO_ROOT, Settings
 
 ROLES = ("controller", "worker", "projector", "gateway")
+DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
 
 
 @dataclass
@@ -71,9 +72,9 @@ def alive(pid: int) -> bool:
 
 
 class StackRunner:
-    def __init__(self, settings: Settings, size: str = "tiny", log=print) -> None:
+    def __init__(self, settings: Settings, model_spec: str = "smollm2-135m-instruct", log=print) -> None:
         self.settings = settings
-        self.size = size
+        self.model_spec = model_spec
         self.log = log
 
     # -- preparation -------------------------------------------------------------------------
@@ -99,16 +100,9 @@ class StackRunner:
         return endpoints.kafka_bootstrap, endpoints.database_url, not was_up
 
     def model(self, bootstrap: str) -> str:
-        from engine.demo_model import build_demo_model
-        from producers.model_registry import describe, register_model
+        from ledgerlm.stack_model import prepare_model
 
-        model_dir = self.settings.home / "models" / f"demo-{self.size}"
-        if not (model_dir / "manifest.json").is_file():
-            self.log(f"building the {self.size} demo model into {model_dir}")
-            build_demo_model(model_dir, size=self.size, progress=False)
-        name = f"demo-{self.size}@{describe(model_dir, 'probe').content_sha256[:8]}"
-        asyncio.run(register_model(bootstrap, model_dir, name))
-        return name
+        return prepare_model(self.settings, self.model_spec, bootstrap, self.log)
 
     def tenant(self, bootstrap: str, database_url: str) -> tuple[str, str]:
         import psycopg
@@ -200,7 +194,7 @@ def demo_generation(stack: Stack, write=None, attempts: int = 20) -> dict:
     import httpx
 
     body = {"requestId": f"demo-{os.urandom(6).hex()}", "model": stack.model, "stream": True,
-            "messages": [{"role": "user", "content": "Tell me about the water."}], "maxOutputTokens": 48}
+            "messages": [{"role": "user", "content": DEMO_QUESTION}], "maxOutputTokens": 48}
     headers = {"Authorization": f"Bearer {stack.api_key}"}
     for _ in range(attempts):  # the worker's first heartbeat may not have reached the controller yet
         with httpx.stream("POST", f"{stack.gateway}/v1/generations", json=body, headers=headers,

