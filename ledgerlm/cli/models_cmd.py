@@ -9,7 +9,7 @@ from ledgerlm.cli.errors import CliError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    models = subparsers.add_parser("models", help="model directories (demo build, manifests)").add_subparsers(
+    models = subparsers.add_parser("models", help="model directories and versions (demo build, manifests, register, qualify, alias)").add_subparsers(
         dest="action", required=True)
     build = models.add_parser("build-demo", help="build a seeded demo Llama model and tokenizer, no network")
     build.add_argument("--out", required=True, type=Path, help="directory to create (must not exist or be empty)")
@@ -32,6 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from ledgerlm.cli.model_register_cmd import add_register_parser  # control plane (issue 4)
 
     add_register_parser(models)
+
+    from ledgerlm.cli.model_rollout_cmd import add_rollout_parsers  # quality gate and aliases (issue 11)
+
+    add_rollout_parsers(models)
 
 
 def run_build_demo(args: argparse.Namespace) -> int:
