@@ -102,7 +102,8 @@ TOPICS: tuple[TopicSpec, ...] = (
     # Keyed per record kind (version, "qualified:<version>", "alias:<name>"): compaction must never let a
     # qualification or an alias replace the registration it is about.
     TopicSpec(MODELS, "models_key", (ModelVersionRegistered, ModelQualified, ModelAliasSet), "compact",
-              description="Immutable model versions, their latest qualification, model aliases."),
+              description="Model versions (immutable; key: the version), their latest qualification "
+                          "(key: qualified:<version>) and aliases (key: alias:<name>)."),
     TopicSpec(TENANTS, "tenant_id", (TenantRegistered,), "compact", min_insync_replicas=2,
               description="Tenants, their limits and API key hashes."),
     TopicSpec(DLQ, "source_topic", (DeadLetter,), "delete", 14 * DAY_MS,
