@@ -16,6 +16,7 @@ from pathlib import Path
 
 from consumers.kafka.clients import make_producer, publish
 from consumers.kafka.follower import Follower
+from engine.golden import GOLDEN_FILE, GoldenReport, load_golden, run_golden  # light: no torch here
 from ledgerlm.settings import Settings
 from schemas.envelope import Envelope
 from schemas.model_book import ModelBook
@@ -31,7 +32,7 @@ class RolloutError(Exception):
 @dataclass(frozen=True)
 class Qualification:
     event: ModelQualified
-    report: object  # engine.golden.GoldenReport (engine is imported lazily: torch is heavy)
+    report: GoldenReport
 
 
 async def read_model_book(bootstrap: str) -> ModelBook:
@@ -91,11 +92,11 @@ async def set_alias(bootstrap: str, alias: str, weights: dict[str, int]) -> Mode
 
 
 # -- qualification -----------------------------------------------------------------------
-def run_golden_prompts(registered: ModelVersionRegistered, settings: Settings, model_dir: str | Path | None = None):
+def run_golden_prompts(registered: ModelVersionRegistered, settings: Settings,
+                       model_dir: str | Path | None = None) -> GoldenReport:
     """Load the version's verified files on CPU float32 and run its golden prompts (blocking)."""
     from engine.config import EngineConfig
-    from engine.engine import Engine
-    from engine.golden import GOLDEN_FILE, load_golden, run_golden
+    from engine.engine import Engine  # torch: loaded only to qualify
 
     checksum = registered.checksums.get(GOLDEN_FILE)
     if checksum is None:
