@@ -17,8 +17,9 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from consumers.controller.registry import WorkerChoice, WorkerRegistry
+from consumers.controller.registry import WorkerRegistry
 from consumers.controller.state import PartitionState, TenantState
+from consumers.controller.versions import VersionPicker, describe
 from ledgerlm.settings import Settings
 from schemas.changelog import IdentityRecorded, TenantBudgetState
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
@@ -63,6 +64,7 @@ class Decider:
         self.tenants = tenants
         self.models = models
         self.rng = rng or random.Random()
+        self.versions = VersionPicker(models, registry, self.rng, settings.worker_decode_tokens_per_s)
         self.plane = settings.controller_group
 
     # -- helpers -------------------------------------------------------------------
@@ -117,18 +119,18 @@ class Decider:
                 cmd, "conflict", 409, request_id=cmd.request_id, generation_id=existing.generation_id,
                 error_code="request_id_conflict",
                 reason="requestId was already used with a different payload")])
-        candidates = self.candidates(cmd.model_version)
+        candidates = self.versions.candidates(cmd.model_version)
         if not candidates:
             return Effects(replies=[self.reply(cmd, "rejected", 404, request_id=cmd.request_id,
                                                error_code="unknown_model",
                                                reason=f"{cmd.model_version!r} is neither a registered model "
                                                       f"version nor an alias of one")])
         if self.settings.require_qualified:
-            candidates = {v: w for v, w in candidates.items() if self.models.is_qualified(v)}
+            candidates = self.versions.qualified(candidates)
             if not candidates:
                 return Effects(replies=[self.reply(
                     cmd, "rejected", 503, request_id=cmd.request_id, error_code="model_not_qualified",
-                    reason=self.unqualified_reason(cmd.model_version),
+                    reason=self.versions.unqualified_reason(cmd.model_version),
                     retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))])
         limits = self.tenants.get(cmd.tenant_id)
         if limits is None:
@@ -141,11 +143,12 @@ class Decider:
             code, reason, retry_ms = refusal
             return Effects(replies=[self.reply(cmd, "rejected", 429, request_id=cmd.request_id, error_code=code,
                                                reason=reason, retry_after_ms=self.jittered_ms(retry_ms))])
-        routed = self.route(cmd, candidates, reserved, now)
+        routed = self.versions.route(candidates, reserved, self.allowance_s(cmd.tier), now.timestamp(),
+                                     may_wait=cmd.tier == "batch")
         if routed is None:
             return Effects(replies=[self.reply(
                 cmd, "rejected", 503, request_id=cmd.request_id, error_code="no_capacity",
-                reason=f"no ready worker with {self.describe(cmd.model_version, candidates)} and room within the "
+                reason=f"no ready worker with {describe(cmd.model_version, candidates)} and room within the "
                        f"{cmd.tier} allowance",
                 retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))])
         version, choice = routed
@@ -156,43 +159,6 @@ class Decider:
                 reason=f"{tenant.queued_tokens} queued tokens + {reserved} exceed {limits.max_queued_tokens}",
                 retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))])
         return self.admit(state, tenant, limits, cmd, reserved, version, choice.worker_id, now, queued)
-
-    def candidates(self, name: str) -> dict[str, int]:
-        """The versions a request for `name` may run on, by draw weight: the version itself, or an alias's
-        registered members of positive weight; empty when `name` is neither."""
-        if name in self.models.versions:
-            return {name: 1}
-        return self.models.members(name)
-
-    @staticmethod
-    def describe(name: str, candidates: dict[str, int]) -> str:
-        return name if list(candidates) == [name] else f"{name} ({', '.join(candidates)})"
-
-    def unqualified_reason(self, name: str) -> str:
-        if name in self.models.versions:
-            latest = self.models.qualifications.get(name)
-            state = "has not been qualified" if latest is None else (
-                "failed qualification" if not latest.passed else "was qualified on other content")
-            return f"model version {name} {state}; `ledgerlm models qualify {name}` must pass before it is routed to"
-        return f"no version of alias {self.describe(name, self.models.members(name))} has passed qualification"
-
-    def route(self, cmd: SubmitGeneration, candidates: dict[str, int], reserved: int,
-              now: datetime) -> tuple[str, WorkerChoice] | None:
-        """Draw a version by weight and pick its worker; a drawn version with no ready worker that has room is
-        set aside and the draw repeats over the rest (a weight-0 member is never drawn)."""
-        remaining = dict(candidates)
-        while remaining:
-            if len(remaining) == 1:
-                version = next(iter(remaining))
-            else:
-                version = self.rng.choices(list(remaining), weights=list(remaining.values()))[0]
-            choice = self.registry.choose(version, reserved, self.allowance_s(cmd.tier),
-                                          self.settings.worker_decode_tokens_per_s, now.timestamp(),
-                                          may_wait=cmd.tier == "batch")
-            if choice is not None:
-                return version, choice
-            del remaining[version]
-        return None
 
     def over_budget(self, tenant: TenantState, limits: TenantLimits, reserved: int,
                     now: datetime) -> tuple[str, str, int] | None:
