@@ -60,6 +60,8 @@ class Settings(BaseSettings):
     worker_decode_tokens_per_s: float = Field(default=200.0, gt=0, description="queue-time estimate for routing")
     retry_after_ms: int = Field(default=1000, ge=1, description="base Retry-After for 429/503, jittered up to +50%")
     max_refusals: int = Field(default=2, ge=0, description="reroutes after worker refusals before Rejected")
+    require_qualified: bool = Field(default=False, description="route only to versions whose latest "
+                                    "qualification (`models qualify`) passed on their registered content")
     generation_deadline_s: float = Field(default=300.0, gt=0, description="an attempt must start within this")
     admission_timeout_ms: int = Field(default=10000, ge=100)
     gateway_host: str = "127.0.0.1"

@@ -49,6 +49,11 @@ class ModelVersionRegistered(Envelope):
     chat_template_sha256: str | None = Field(default=None, min_length=64, max_length=64)
     runtime: dict[str, str] = Field(default_factory=dict)
 
+    @property
+    def models_key(self) -> str:
+        """The record key on `llm.models`: the version name (see schemas/model_rollout.py for the others)."""
+        return self.model_version
+
 
 class TenantRegistered(Envelope):
     """A tenant's full current state (snapshot, so compaction keeps the latest).

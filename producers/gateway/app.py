@@ -44,7 +44,6 @@ from producers.gateway.streams import (
 )
 from producers.gateway.submit import submit_generation
 from schemas.commands import CancelGeneration
-from schemas.registry_events import ModelVersionRegistered
 from schemas.topics import MODELS
 
 log = logging.getLogger(__name__)
@@ -67,13 +66,10 @@ class Gateway:
         catalog = ModelCatalog()
         metrics = GatewayMetrics()
 
-        def on_model(_topic, event):
-            if isinstance(event, ModelVersionRegistered):
-                catalog.observe(event)
-
         return cls(settings, AdmissionClient(bootstrap, settings.controller_group, latency=metrics.admission_latency),
                    StreamBridge(bootstrap), GatewayDatabase(database_url), catalog,
-                   Follower(bootstrap, [MODELS], on_model, client_id="gateway-models"), metrics)
+                   Follower(bootstrap, [MODELS], lambda _topic, event: catalog.observe(event),
+                            client_id="gateway-models"), metrics)
 
     async def start(self) -> None:
         await self.db.start()
@@ -180,7 +176,9 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
         started = time.perf_counter()
         prompt = await asyncio.to_thread(gateway.catalog.render, body, principal.max_tokens_per_request)
         decision = await submit_generation(gateway.admission, settings, principal, body, prompt, started)
-        first = {"id": decision.generation_id, "requestId": body.request_id, "model": body.model,
+        # The concrete version that runs: an alias was resolved (and pinned for retries) by the controller.
+        first = {"id": decision.generation_id, "requestId": body.request_id,
+                 "model": decision.model_version or body.model,
                  "status": "admitted" if decision.http_status == 201 else decision.status,
                  "inputTokens": len(prompt.token_ids), "created": decision.http_status == 201}
         gen_id = decision.generation_id

@@ -86,10 +86,12 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 async def versions(bootstrap, topics, model_dir) -> dict[str, str]:
-    """Registered versions: `served` (shared workers), `drained`/`killable` (one test's own), `idle` (no worker)."""
+    """Registered versions: `served` (shared workers), `drained`/`killable` (one test's own), `idle` (no worker),
+    `stable`/`canary` (the same files under two names: an alias's members)."""
     from producers.model_registry import register_model
 
-    names = {role: f"cp-{role}-{SESSION}@1" for role in ("served", "drained", "killable", "batch", "coalesced", "idle")}
+    names = {role: f"cp-{role}-{SESSION}@1"
+             for role in ("served", "drained", "killable", "batch", "coalesced", "idle", "stable", "canary")}
     for name in names.values():
         await register_model(bootstrap, model_dir, name)
     return names
@@ -171,7 +173,9 @@ async def engine_artifacts(model_dir):
 
 @pytest.fixture(scope="session")
 async def start_worker(bootstrap, cp_settings, versions, engine_artifacts, model_dir):
-    """start_worker(version_role="served", blocks=256) -> a running in-process Worker (stopped at session end)."""
+    """start_worker(version_role="served", blocks=256) -> a running in-process Worker (stopped at session end).
+
+    `version_role` is a role of `versions`, or the name of a version a test registered itself (same weights)."""
     from consumers.worker.runtime import Worker
     from engine.config import EngineConfig
     from engine.engine import Engine
@@ -181,7 +185,10 @@ async def start_worker(bootstrap, cp_settings, versions, engine_artifacts, model
     running: list[tuple] = []
 
     async def start(version_role: str = "served", blocks: int = 256, worker_id: str | None = None, **overrides):
-        model = registered[versions[version_role]]
+        name = versions.get(version_role, version_role)
+        if name not in registered:
+            registered.update(await registered_versions(bootstrap))
+        model = registered[name]
         config = EngineConfig(kv_cache_bytes=blocks * BLOCK * 512, block_size=BLOCK, reservation="full",
                               dtype="float32", device="cpu", tenant_weights={}, expected_checksums=model.checksums)
         engine = Engine(model_dir, config, artifacts=engine_artifacts)

@@ -11,6 +11,7 @@ from consumers.controller.registry import WorkerRegistry
 from consumers.controller.state import PartitionState
 from ledgerlm.settings import Settings
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
+from schemas.model_book import ModelBook
 from schemas.registry_events import WorkerHeartbeat
 from schemas.values import TenantLimits
 from tests.factories import make_event
@@ -35,7 +36,7 @@ def submit(request_id: str = "r1", tokens: int = 4, max_output: int = 60, tenant
 def world():
     registry = WorkerRegistry()
     limits = {"acme": TenantLimits(max_tokens_in_flight=200, tokens_per_minute=300, max_concurrency=3)}
-    models = {VERSION: make_event("ModelVersionRegistered")}
+    models = ModelBook(versions={VERSION: make_event("ModelVersionRegistered")})
     decider = Decider(Settings(retry_after_ms=1000, max_refusals=2), registry, limits, models, random.Random(7))
     return decider, registry, PartitionState(0)
 
