@@ -88,6 +88,7 @@ class Engine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._generators: dict[str, torch.Generator] = {}
         self._pending_aborts: list[str] = []
+        self.num_computed_tokens_total = 0  # prefill and decode tokens through the model, ever
         self._arrivals = 0
         self._default_generator = torch.Generator(device=self.device)
         self._default_generator.seed()
@@ -156,6 +157,7 @@ class Engine:
             return outputs
 
         sampled = self.runner.run(sched, self._generators, self._banned_tokens)
+        self.num_computed_tokens_total += sched.num_tokens
         for chunk in (*sched.decodes, *sched.prefills):
             chunk.seq.num_computed_tokens += chunk.num_tokens
             self.blocks.commit_full_blocks(chunk.seq)

@@ -30,6 +30,11 @@ class WorkerHeartbeat(Envelope):
     # that the controller has not ended yet: heartbeats delivered late after a broker outage can keep the
     # lease alive in the controller's eyes, so the worker says outright which attempts it gave up.
     fenced: tuple[str, ...] = ()
+    # How the worker reserves KV for an attempt it accepts (see Demand.tokens_on), and the tokens per second
+    # its engine has processed while busy (prefill and decode), for the controller's wait prediction.
+    reservation: Literal["full", "optimistic"] = "full"
+    headroom_tokens: int = Field(default=0, ge=0)
+    tokens_per_s: float | None = Field(default=None, gt=0)
 
 
 class ModelVersionRegistered(Envelope):

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from consumers.controller.registry import WorkerRegistry
+from consumers.controller.registry import Demand, WorkerRegistry
 from consumers.controller.state import PartitionState, TenantState
 from consumers.controller.versions import VersionPicker, describe
 from ledgerlm.settings import Settings
@@ -76,6 +76,20 @@ class Decider:
         ms = self.settings.interactive_queue_allowance_ms if tier == "interactive" else \
             self.settings.batch_queue_allowance_ms
         return ms / 1000
+
+    def queue_allowance_s(self, tier: str) -> float:
+        """The predicted wait a new attempt may be routed with: for interactive work a share of its TTFT
+        allowance (the rest is its own prefill), for batch work the whole batch allowance."""
+        if tier == "interactive":
+            return self.allowance_s(tier) * self.settings.interactive_queue_fraction
+        return self.allowance_s(tier)
+
+    def capacity_retry_ms(self, candidates: dict[str, int], demand: Demand, now: datetime, tier: str) -> int:
+        """Retry-After of a 503 no_capacity: when the best worker's predicted wait would fit again."""
+        wait_s = self.versions.shortest_wait_s(candidates, demand, now.timestamp())
+        if wait_s is None:
+            return self.jittered_ms(self.settings.retry_after_ms)
+        return self.jittered_ms(int(min(max(wait_s - self.queue_allowance_s(tier), 0.25), 60.0) * 1000))
 
     def deadline(self, tier: str, now: datetime) -> datetime:
         return now + timedelta(seconds=max(self.allowance_s(tier), 10.0))
@@ -143,16 +157,16 @@ class Decider:
             code, reason, retry_ms = refusal
             return Effects(replies=[self.reply(cmd, "rejected", 429, request_id=cmd.request_id, error_code=code,
                                                reason=reason, retry_after_ms=self.jittered_ms(retry_ms))])
-        routed = self.versions.route(candidates, reserved, self.allowance_s(cmd.tier), now.timestamp(),
-                                     may_wait=cmd.tier == "batch")
+        demand = Demand(len(cmd.input_token_ids), cmd.max_output_tokens)
+        routed = self.versions.route(candidates, demand, self.queue_allowance_s(cmd.tier), now.timestamp())
         if routed is None:
             return Effects(replies=[self.reply(
                 cmd, "rejected", 503, request_id=cmd.request_id, error_code="no_capacity",
-                reason=f"no ready worker with {describe(cmd.model_version, candidates)} and room within the "
-                       f"{cmd.tier} allowance",
-                retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))])
+                reason=f"no ready worker with {describe(cmd.model_version, candidates)} whose predicted wait fits "
+                       f"the {cmd.tier} allowance",
+                retry_after_ms=self.capacity_retry_ms(candidates, demand, now, cmd.tier))])
         version, choice = routed
-        queued = choice.queue_s > 0
+        queued = choice.waits_for_kv
         if queued and tenant.queued_tokens + reserved > limits.max_queued_tokens:
             return Effects(replies=[self.reply(
                 cmd, "rejected", 429, request_id=cmd.request_id, error_code="queued_tokens",
@@ -190,7 +204,8 @@ class Decider:
                                   epoch=1, worker_id=worker_id, reserved_tokens=reserved,
                                   input_tokens=len(cmd.input_token_ids), admitted_s=now_s, queued=queued)
         state.record(record)
-        self.registry.hold(worker_id, gen_id, reserved, now.timestamp())
+        self.registry.hold(worker_id, gen_id, Demand(len(cmd.input_token_ids), cmd.max_output_tokens),
+                           now.timestamp())
         scoped = {"tenant_id": cmd.tenant_id, "generation_id": gen_id, "epoch": 1}
         admitted = Admitted(**scoped, request_id=cmd.request_id, model_version=version,
                             input_tokens=len(cmd.input_token_ids), max_output_tokens=cmd.max_output_tokens,
@@ -240,10 +255,10 @@ class Decider:
             return effects
         choice = None
         if cmd.epoch <= self.settings.max_refusals:
-            choice = self.registry.choose(gen.model_version or cmd.attempt.model_version, gen.reserved_tokens,
-                                          self.allowance_s(gen.tier), self.settings.worker_decode_tokens_per_s,
-                                          now.timestamp(), exclude=frozenset({cmd.worker_id}),
-                                          may_wait=gen.tier == "batch")
+            demand = Demand(len(cmd.attempt.input_token_ids), cmd.attempt.max_output_tokens)
+            choice = self.registry.choose(gen.model_version or cmd.attempt.model_version, demand,
+                                          self.queue_allowance_s(gen.tier), self.settings.worker_decode_tokens_per_s,
+                                          now.timestamp(), exclude=frozenset({cmd.worker_id}))
         if choice is None:
             effects = self._end(state, gen, "rejected", now, used_tokens=0)
             effects.generations.insert(0, Rejected(**scoped, epoch=gen.epoch, error_code="no_capacity",
@@ -253,7 +268,7 @@ class Decider:
         epoch = gen.epoch + 1
         moved = gen.model_copy(update={"epoch": epoch, "worker_id": choice.worker_id})
         state.record(moved)
-        self.registry.hold(choice.worker_id, gen.generation_id, gen.reserved_tokens, now.timestamp())
+        self.registry.hold(choice.worker_id, gen.generation_id, demand, now.timestamp())
         start = cmd.attempt.model_copy(update={"epoch": epoch, "worker_id": choice.worker_id,
                                                "event_id": uuid.uuid4(), "occurred_at": now})
         return Effects(dispatch=[start], changelog=[moved])

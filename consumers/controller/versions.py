@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from consumers.controller.registry import WorkerChoice, WorkerRegistry
+from consumers.controller.registry import Demand, WorkerChoice, WorkerRegistry
 from schemas.model_book import ModelBook
 
 
@@ -47,8 +47,8 @@ class VersionPicker:
             return f"model version {name} {state}; `ledgerlm models qualify {name}` must pass before it is routed to"
         return f"no version of alias {describe(name, self.models.members(name))} has passed qualification"
 
-    def route(self, candidates: dict[str, int], need_tokens: int, allowance_s: float, now: float,
-              may_wait: bool = False) -> tuple[str, WorkerChoice] | None:
+    def route(self, candidates: dict[str, int], demand: Demand, allowance_s: float, now: float,
+              may_wait: bool = True) -> tuple[str, WorkerChoice] | None:
         """(version, worker) drawn by weight among the candidates that have a ready worker with room."""
         remaining = dict(candidates)
         while remaining:
@@ -56,9 +56,13 @@ class VersionPicker:
                 version = next(iter(remaining))
             else:
                 version = self.rng.choices(list(remaining), weights=list(remaining.values()))[0]
-            choice = self.registry.choose(version, need_tokens, allowance_s, self.decode_tokens_per_s, now,
+            choice = self.registry.choose(version, demand, allowance_s, self.decode_tokens_per_s, now,
                                           may_wait=may_wait)
             if choice is not None:
                 return version, choice
             del remaining[version]
         return None
+
+    def shortest_wait_s(self, candidates: dict[str, int], demand: Demand, now: float) -> float | None:
+        waits = [self.registry.shortest_wait_s(v, demand, self.decode_tokens_per_s, now) for v in candidates]
+        return min((w for w in waits if w is not None), default=None)

@@ -69,7 +69,8 @@ class Attempt:
     def observe(self, output: RequestOutput) -> None:
         self.usage = Usage(processed_input_tokens=output.num_prompt_tokens,
                            cached_input_tokens=output.num_cached_tokens,
-                           generated_output_tokens=output.num_output_tokens)
+                           generated_output_tokens=output.num_output_tokens,
+                           recompute_tokens=output.num_recomputed_tokens)
 
     def report_due(self, every_tokens: int, every_ms: int, now: float) -> bool:
         if self.usage.generated_output_tokens == self.reported_output:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from engine.engine import Engine
@@ -33,6 +34,9 @@ class EngineThread:
         self.inbox: queue.Queue = queue.Queue()
         self.stats: EngineStats = engine.stats()
         self._stop = threading.Event()
+        # Tokens the engine computes per second of stepping (prefill and decode), smoothed: the heartbeat's
+        # tokens_per_s, from which the controller predicts queue waits.
+        self.tokens_per_s: float | None = None
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
 
     def start(self) -> None:
@@ -66,6 +70,12 @@ class EngineThread:
         elif op == "abort":
             self.engine.abort(payload)
 
+    def _measure(self, tokens: int, seconds: float) -> None:
+        if tokens <= 0 or seconds <= 0:
+            return
+        rate = tokens / seconds
+        self.tokens_per_s = rate if self.tokens_per_s is None else 0.8 * self.tokens_per_s + 0.2 * rate
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             if not self.engine.has_unfinished():
@@ -77,11 +87,13 @@ class EngineThread:
                     break
             if self._stop.is_set() or not self.engine.has_unfinished():
                 continue
+            started, tokens_before = time.perf_counter(), self.engine.num_computed_tokens_total
             try:
                 outputs = self.engine.step()
             except Exception:  # a failed step must not leave attempts hanging silently
                 log.exception("engine step failed")
                 raise
+            self._measure(self.engine.num_computed_tokens_total - tokens_before, time.perf_counter() - started)
             self.stats = self.engine.stats()
             if outputs:
                 self.deliver(outputs)

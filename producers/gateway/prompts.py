@@ -87,8 +87,8 @@ class ModelCatalog:
                            self.book.aliases[name].set_at)
 
     def names(self) -> list[str]:
-        """Every name a request may use now: versions, then aliases with a member to draw."""
-        return [name for name in self.book.names() if name in self.book.versions or self.book.members(name)]
+        """Every name a request may use now (versions and aliases with a member to draw), sorted."""
+        return sorted(name for name in self.book.names() if name in self.book.versions or self.book.members(name))
 
     def tokenizer(self, registered: ModelVersionRegistered):
         with self._lock:

@@ -184,12 +184,13 @@ async def start_worker(bootstrap, cp_settings, versions, engine_artifacts, model
     registered = await registered_versions(bootstrap)
     running: list[tuple] = []
 
-    async def start(version_role: str = "served", blocks: int = 256, worker_id: str | None = None, **overrides):
+    async def start(version_role: str = "served", blocks: int = 256, worker_id: str | None = None,
+                    reservation: str = "full", **overrides):
         name = versions.get(version_role, version_role)
         if name not in registered:
             registered.update(await registered_versions(bootstrap))
         model = registered[name]
-        config = EngineConfig(kv_cache_bytes=blocks * BLOCK * 512, block_size=BLOCK, reservation="full",
+        config = EngineConfig(kv_cache_bytes=blocks * BLOCK * 512, block_size=BLOCK, reservation=reservation,
                               dtype="float32", device="cpu", tenant_weights={}, expected_checksums=model.checksums)
         engine = Engine(model_dir, config, artifacts=engine_artifacts)
         settings = cp_settings.model_copy(update=overrides)
