@@ -47,6 +47,8 @@ class GatewayMetrics:
                                  registry=self.registry)
         self.rejections = Counter(f"{PREFIX}admission_rejections", "Generation requests answered 4xx/5xx",
                                   ["code"], registry=self.registry)
+        self.early_refusals = Counter(f"{PREFIX}early_refusals", "503s answered by the gateway without a controller "
+                                      "transaction: no live worker could take the request", registry=self.registry)
         self.admission_latency = Histogram(f"{PREFIX}admission_latency_seconds",
                                            "SubmitGeneration published -> controller decision received",
                                            buckets=ITL_BUCKETS, registry=self.registry)

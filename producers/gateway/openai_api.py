@@ -156,8 +156,7 @@ class OpenAIApi:
             native, prompt = await asyncio.to_thread(render, self.gateway, body, request_id, principal)
         except ValidationError as exc:
             raise validation_error(exc) from None
-        decision = await submit_generation(self.gateway.admission, self.gateway.settings, principal, native,
-                                           prompt, started)
+        decision = await submit_generation(self.gateway, principal, native, prompt, started)
         pieces = self.pieces(principal.tenant_id, decision.generation_id, fresh=decision.http_status == 201)
         chat = kind is ChatCompletionRequest
         model = decision.model_version or body.model  # an alias answers with the version it was pinned to

@@ -86,6 +86,10 @@ class ModelCatalog:
         return ModelTarget(name, members[0], min(m.max_context_tokens for m in members),
                            self.book.aliases[name].set_at)
 
+    def versions_of(self, name: str) -> tuple[str, ...]:
+        """The concrete versions a request naming `name` may run on."""
+        return (name,) if name in self.book.versions else tuple(self.book.members(name))
+
     def names(self) -> list[str]:
         """Every name a request may use now (versions and aliases with a member to draw), sorted."""
         return sorted(name for name in self.book.names() if name in self.book.versions or self.book.members(name))

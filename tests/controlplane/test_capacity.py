@@ -136,3 +136,26 @@ async def test_pool_running_dry_preempts_and_the_stream_resumes_without_gap_or_r
     assert max(u.recompute_tokens for u in usages) > 0  # physical work, reported apart
     assert [u.generated_output_tokens for u in usages] == [400, 400]
     assert [u.processed_input_tokens for u in usages] == [c.json()["inputTokens"] for c in created]
+
+
+async def test_gateway_refuses_at_once_what_no_live_worker_serves_but_never_a_repeat(
+        gateway, start_worker, controller, tenants, bootstrap, model_dir, producer):
+    from schemas.dispatch import DrainWorker
+
+    version = await own_version(bootstrap, model_dir, gateway, "early")
+    headers, since_ms = tenants["main"].headers, int(time.time() * 1000)
+    nobody = await gateway.post("/v1/generations", headers=headers, json=body("early-1", model=version))
+    assert nobody.status_code == 503 and nobody.json()["code"] == "no_capacity", nobody.text
+    assert "no live worker serves" in nobody.json()["message"]
+    worker = await start_worker(version, blocks=32)
+    board = gateway.gateway.board
+    await wait_until(lambda: board.could_serve([version], 8, time.time()), 10, what="the gateway to see the worker")
+    served = await gateway.post("/v1/generations?wait=true", headers=headers, json=body("early-2", model=version))
+    assert served.status_code == 201, served.text
+    await publish(producer, "llm.dispatch", DrainWorker(worker_id=worker.worker_id))
+    await wait_until(lambda: not board.could_serve([version], 8, time.time()), 15, what="the worker to leave")
+    repeat = await gateway.post("/v1/generations", headers=headers, json=body("early-2", model=version))
+    assert repeat.status_code == 200 and repeat.json()["id"] == served.json()["id"]  # the controller answered
+    commands = await read_topic(bootstrap, "llm.commands", since_ms,
+                                lambda e: e.type == "SubmitGeneration" and e.request_id in ("early-1", "early-2"))
+    assert [c.request_id for c in commands] == ["early-2", "early-2"]  # early-1 never cost a transaction

@@ -93,9 +93,12 @@ async def test_rejections_are_counted_by_status_code(gateway, worker, controller
     for code in ("503", "404"):
         assert value(after_gateway, "ledgerlm:admission_rejections_total", code=code) - value(
             before_gateway, "ledgerlm:admission_rejections_total", code=code) == 1, code
+    # No live worker serves the idle version: the gateway refused it without a controller transaction.
+    assert value(after_gateway, "ledgerlm:early_refusals_total") - value(
+        before_gateway, "ledgerlm:early_refusals_total") == 1
     control = await scrape(controller_url)
-    assert value(control, "ledgerlm:admission_rejections_total", code="503") - value(
-        before_controller, "ledgerlm:admission_rejections_total", code="503") == 1
+    assert value(control, "ledgerlm:admission_rejections_total", code="503") == value(
+        before_controller, "ledgerlm:admission_rejections_total", code="503")
 
 
 async def test_cancellation_lag_is_observed(gateway, worker, tenants, versions):
