@@ -83,6 +83,7 @@ async def gated_plane(bootstrap: str, database_url: str, settings: Settings):
         await app.state.gateway.start()
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway",
                                      timeout=60) as client:
+            client.gateway = app.state.gateway
             yield controller, client
     finally:
         if app is not None:
@@ -107,8 +108,12 @@ async def test_qualify_publishes_pass_and_fail_and_the_gate_routes_only_a_qualif
                                               "require_qualified": True})
     headers = tenants["main"].headers
     async with gated_plane(bootstrap, database_url, settings) as (gated, client):
-        worker = await start_worker(good, controller_group=settings.controller_group)
-        await wait_until(lambda: gated.registry.is_live(worker.worker_id, time.time()), 15, what="worker seen")
+        # A worker for each version: the gate, not a missing worker, is what refuses.
+        for version in (good, bad):
+            worker = await start_worker(version, controller_group=settings.controller_group)
+            await wait_until(lambda: gated.registry.is_live(worker.worker_id, time.time()), 15, what="worker seen")
+            await wait_until(lambda: client.gateway.board.could_serve([version], 8, time.time()), 15,
+                             what="the gateway to see the worker")
         refused = await client.post("/v1/generations", headers=headers, json=body(model=good))
         assert refused.status_code == 503 and refused.headers["retry-after"]
         assert refused.json()["code"] == "model_not_qualified"
