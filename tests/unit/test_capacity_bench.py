@@ -149,14 +149,15 @@ def test_worker_metrics_parse_from_the_real_exposition():
     from ledgerlm.telemetry.metrics import WorkerMetrics, exposition
 
     stats = EngineStats(num_blocks_total=91, num_blocks_used=40, num_blocks_free=51, num_blocks_cached_free=3,
-                        num_running=4, num_waiting=2, prefix_hit_tokens=0, num_preemptions=3, kv_bytes_per_token=1)
+                        num_running=4, num_waiting=2, prefix_hit_tokens=0, num_preemptions=3, kv_bytes_per_token=1,
+                        num_recomputed_tokens=70)
     metrics = WorkerMetrics(lambda: stats, lambda: 48)
     for seconds in (0.01, 0.02, 0.3):
         metrics.queue_time.observe(seconds)
     sample = parse_worker_metrics(exposition(metrics.registry).decode())
     assert (sample["used"], sample["free"], sample["reserved"], sample["running"], sample["waiting"]) == (
         40, 51, 48, 4, 2)
-    assert sample["counters"] == {"preemptions_total": 3.0}
+    assert sample["counters"] == {"preemptions_total": 3.0, "recomputed_tokens_total": 70.0}
     assert sample["queue_buckets"][0.01] == 1.0 and sample["queue_buckets"][math.inf] == 3.0
     assert sample["queue_count"] == 3.0
 
