@@ -89,6 +89,7 @@ class Engine:
         self._generators: dict[str, torch.Generator] = {}
         self._pending_aborts: list[str] = []
         self.num_computed_tokens_total = 0  # prefill and decode tokens through the model, ever
+        self.num_prefill_tokens_total = 0  # of which prompt (or recompute) tokens in prefill chunks
         self._arrivals = 0
         self._default_generator = torch.Generator(device=self.device)
         self._default_generator.seed()
@@ -158,6 +159,7 @@ class Engine:
 
         sampled = self.runner.run(sched, self._generators, self._banned_tokens)
         self.num_computed_tokens_total += sched.num_tokens
+        self.num_prefill_tokens_total += sched.num_tokens - len(sched.decodes)
         for chunk in (*sched.decodes, *sched.prefills):
             chunk.seq.num_computed_tokens += chunk.num_tokens
             self.blocks.commit_full_blocks(chunk.seq)

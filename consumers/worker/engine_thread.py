@@ -48,8 +48,10 @@ class EngineThread:
         self.inbox: queue.Queue = queue.Queue()
         self.stats: EngineStats = engine.stats()
         self._stop = threading.Event()
-        # Tokens the engine computes per second of stepping (prefill and decode), smoothed: the heartbeat's
-        # tokens_per_s, from which the controller predicts queue waits.
+        # Tokens per second of the steps that ran prefill (prefill chunks and the decodes beside them),
+        # smoothed: the heartbeat's tokens_per_s, from which the controller predicts how long queued prompts
+        # take. Decode-only steps say little about that (a step of 16 decodes costs about what a step of
+        # 512 prefill tokens does on a memory-bound CPU), so they are left out.
         self.tokens_per_s: float | None = None
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
 
@@ -103,12 +105,14 @@ class EngineThread:
             if self._stop.is_set() or not self.engine.has_unfinished():
                 continue
             started, tokens_before = time.perf_counter(), self.engine.num_computed_tokens_total
+            prefill_before = self.engine.num_prefill_tokens_total
             try:
                 outputs = self.engine.step()
             except Exception:  # a failed step must not leave attempts hanging silently
                 log.exception("engine step failed")
                 raise
-            self._measure(self.engine.num_computed_tokens_total - tokens_before, time.perf_counter() - started)
+            if self.engine.num_prefill_tokens_total > prefill_before:
+                self._measure(self.engine.num_computed_tokens_total - tokens_before, time.perf_counter() - started)
             self.stats = self.engine.stats()
             if outputs:
                 self.deliver(outputs)
