@@ -5,7 +5,10 @@
        └──────── deliver(outputs) (call_soon_threadsafe) ◀┘
 
 Every engine call happens on the engine thread (the engine is not thread
-safe); aborts therefore take effect at the next step boundary.
+safe); aborts therefore take effect at the next step boundary. A failing step
+ends only its requests (`failed`, see engine.engine); should the thread die
+anyway, `alive` turns false and the worker stops (`EngineStopped`), so the
+controller interrupts its attempts instead of routing to a dead engine.
 """
 from __future__ import annotations
 
@@ -24,6 +27,10 @@ Deliver = Callable[[list[RequestOutput]], None]
 Refuse = Callable[[str, str], None]
 
 
+class EngineStopped(RuntimeError):
+    """The engine thread is gone: the worker must say so and exit."""
+
+
 class EngineThread:
     def __init__(self, engine: Engine, deliver: Deliver, refuse: Refuse, weights: dict[str, float]) -> None:
         self.engine = engine
@@ -33,7 +40,7 @@ class EngineThread:
         self.inbox: queue.Queue = queue.Queue()
         self.stats: EngineStats = engine.stats()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -62,9 +69,18 @@ class EngineThread:
             try:
                 self.engine.add_request(payload)
             except RequestError as exc:
+                self.refuse(payload.request_id, f"engine refused: {exc.field or type(exc).__name__}")
+            except Exception as exc:  # a request the engine's check let through must not end the thread
+                log.error("engine add failed request=%s error=%s", payload.request_id, type(exc).__name__)
                 self.refuse(payload.request_id, f"engine refused: {type(exc).__name__}")
         elif op == "abort":
             self.engine.abort(payload)
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # whatever it was, the worker learns of it through `alive`
+            log.critical("engine thread died error=%s", type(exc).__name__, exc_info=True)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -77,11 +93,7 @@ class EngineThread:
                     break
             if self._stop.is_set() or not self.engine.has_unfinished():
                 continue
-            try:
-                outputs = self.engine.step()
-            except Exception:  # a failed step must not leave attempts hanging silently
-                log.exception("engine step failed")
-                raise
+            outputs = self.engine.step()  # a failing step fails its requests, not the thread
             self.stats = self.engine.stats()
             if outputs:
                 self.deliver(outputs)
