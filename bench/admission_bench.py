@@ -40,13 +40,11 @@ def workload(num_requests: int) -> list[str]:
 
 
 def engine_alone(model_dir: Path, settings: Settings, prompts: list[tuple[int, ...]], output_tokens: int) -> dict:
-    from engine.config import EngineConfig
+    from consumers.worker.runtime import engine_config
     from engine.engine import Engine
     from engine.request import EngineRequest, SamplingParams
 
-    config = EngineConfig(kv_cache_bytes=settings.worker_kv_cache_bytes, reservation="full",
-                          max_num_seqs=settings.worker_max_num_seqs, device=settings.worker_device)
-    engine = Engine(model_dir, config)
+    engine = Engine(model_dir, engine_config(settings))
     # Warm up (first forwards pay one-time kernel and allocator costs), as the worker was by the earlier phases.
     engine.add_request(EngineRequest("warm", prompts[0], SamplingParams(max_tokens=8)))
     while engine.has_unfinished():

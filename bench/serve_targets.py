@@ -74,15 +74,22 @@ class Platform:
     plane: str
 
 
-def role_env(bootstrap: str, db_url: str, plane: str) -> dict[str, str]:
+# What the serving bench sets beyond the endpoints; `ledgerlm_platform(settings=...)` replaces it (the capacity
+# bench runs with the defaults and sets only the worker's device and metrics port).
+SERVE_SETTINGS = {"LEDGERLM_HEARTBEAT_INTERVAL_MS": str(HEARTBEAT_INTERVAL_MS),
+                  "LEDGERLM_WORKER_KV_CACHE_BYTES": str(WORKER_KV_CACHE_BYTES)}
+
+
+def role_env(bootstrap: str, db_url: str, plane: str, settings: dict[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "LEDGERLM_KAFKA_BOOTSTRAP": bootstrap, "LEDGERLM_DATABASE_URL": db_url,
-            "LEDGERLM_CONTROLLER_GROUP": plane, "LEDGERLM_HEARTBEAT_INTERVAL_MS": str(HEARTBEAT_INTERVAL_MS),
-            "LEDGERLM_WORKER_KV_CACHE_BYTES": str(WORKER_KV_CACHE_BYTES),
+            "LEDGERLM_CONTROLLER_GROUP": plane, **(SERVE_SETTINGS if settings is None else settings),
             "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
 
 
 @asynccontextmanager
-async def ledgerlm_platform(model_dir: Path, tenants: list[TenantSpec], workdir: Path) -> AsyncIterator[Platform]:
+async def ledgerlm_platform(model_dir: Path, tenants: list[TenantSpec], workdir: Path,
+                            settings: dict[str, str] | None = None, bench: str = "serve") -> AsyncIterator[Platform]:
+    """`settings`: LEDGERLM_* variables for every role (default SERVE_SETTINGS); `bench` names the plane."""
     import asyncio
 
     from consumers.kafka.groups import move_group_to_end
@@ -92,8 +99,8 @@ async def ledgerlm_platform(model_dir: Path, tenants: list[TenantSpec], workdir:
     from schemas.values import TenantLimits
 
     run_id = uuid.uuid4().hex[:8]
-    plane, settings = f"bench-serve-{run_id}", Settings()
-    bootstrap, db_url = kafka_bootstrap(settings), database_url(settings)
+    plane, local = f"bench-{bench}-{run_id}", Settings()
+    bootstrap, db_url = kafka_bootstrap(local), database_url(local)
     version = f"bench-{describe(model_dir, 'probe').content_sha256[:8]}@1"
     await register_model(bootstrap, model_dir, version)
     keys = {}
@@ -103,7 +110,7 @@ async def ledgerlm_platform(model_dir: Path, tenants: list[TenantSpec], workdir:
             max_tokens_in_flight=spec.max_tokens_in_flight))
         keys[spec.name] = created.api_key
     await move_group_to_end(bootstrap, plane, "llm.commands")
-    env, worker_id, port = role_env(bootstrap, db_url, plane), f"{plane}-w1", free_port()
+    env, worker_id, port = role_env(bootstrap, db_url, plane, settings), f"{plane}-w1", free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     logs = {role: workdir / f"{role}.log" for role in ("controller", "worker", "gateway", "projector")}
     procs = [spawn(["controller"], env, logs["controller"]),
@@ -130,14 +137,36 @@ async def ledgerlm_platform(model_dir: Path, tenants: list[TenantSpec], workdir:
         stop_processes(procs)
 
 
-def worker_kv_blocks(model_dir: Path, block_size: int = 16) -> int:
-    """The worker's KV pool in blocks: WORKER_KV_CACHE_BYTES over DESIGN.md's bytes per token (float32)."""
+def worker_kv_blocks(model_dir: Path, block_size: int = 16, cache_bytes: int = WORKER_KV_CACHE_BYTES) -> int:
+    """A KV pool of `cache_bytes` (default the serving bench's worker's) in blocks, over DESIGN.md's bytes per
+    token (float32)."""
     import json
 
     config = json.loads((model_dir / "config.json").read_text())
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
-    return WORKER_KV_CACHE_BYTES // (block_size * per_token)
+    return cache_bytes // (block_size * per_token)
+
+
+def with_architectures(model_dir: Path, view: Path) -> Path:
+    """`model_dir`, or when its config.json names no `architectures` (a GGUF import), a view of it in `view`:
+    links to its files and a config naming the causal-LM class of its model_type, which transformers serve's
+    loader needs."""
+    import json
+
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = json.loads((model_dir / "config.json").read_text())
+    if config.get("architectures"):
+        return model_dir
+    view.mkdir(parents=True, exist_ok=True)
+    for source in model_dir.iterdir():
+        link = view / source.name
+        if source.name != "config.json" and not link.exists():
+            link.symlink_to(source.resolve())
+    config["architectures"] = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config["model_type"]]]
+    (view / "config.json").write_text(json.dumps(config, indent=2))
+    return view
 
 
 class TargetUnavailable(RuntimeError):
@@ -157,7 +186,8 @@ async def transformers_serve(model_dir: Path, kv_blocks: int, workdir: Path) -> 
     device_map); raises TargetUnavailable with the reason when it cannot start."""
     port, log = free_port(), workdir / "transformers_serve.log"
     workdir.mkdir(parents=True, exist_ok=True)
-    command = transformers_serve_command(model_dir, port, kv_blocks)
+    served = with_architectures(model_dir, workdir / "model")
+    command = transformers_serve_command(served, port, kv_blocks)
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     proc = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT)
     try:
@@ -166,6 +196,6 @@ async def transformers_serve(model_dir: Path, kv_blocks: int, workdir: Path) -> 
                 await wait_ready(http, proc, log, timeout_s=120, path="/health")
             except RuntimeError as exc:
                 raise TargetUnavailable(str(exc)[-600:]) from None
-        yield Target("transformers_serve", f"http://127.0.0.1:{port}", str(model_dir), native=False)
+        yield Target("transformers_serve", f"http://127.0.0.1:{port}", str(served), native=False)
     finally:
         stop_processes([proc])

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
+from engine.kv_sizing import MemoryPolicy
+
 Reservation = Literal["optimistic", "full"]
 DType = Literal["auto", "float32", "float64", "bfloat16", "float16"]
 
@@ -13,7 +15,8 @@ class EngineConfig:
     """How much memory and compute one engine may use, and how it shares them.
 
     * `kv_cache_bytes` sizes the KV block pool:
-      num_blocks = kv_cache_bytes // (block_size * kv_bytes_per_token).
+      num_blocks = kv_cache_bytes // (block_size * kv_bytes_per_token);
+      None sizes it from the machine with `memory` (see `engine.kv_sizing`).
     * `max_num_batched_tokens` is the per-step token budget (decode tokens plus
       prefill chunk tokens); `max_num_seqs` caps sequences in one step.
     * `reservation="optimistic"` allocates blocks as tokens arrive and preempts
@@ -27,7 +30,7 @@ class EngineConfig:
       sliding window, whichever is smaller).
     """
 
-    kv_cache_bytes: int = 256 * 1024 * 1024
+    kv_cache_bytes: int | None = 256 * 1024 * 1024
     block_size: int = 16
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
@@ -38,6 +41,7 @@ class EngineConfig:
     device: str = "auto"
     dtype: DType = "auto"
     expected_checksums: Mapping[str, str] | None = None
+    memory: MemoryPolicy = field(default_factory=MemoryPolicy)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:

@@ -28,6 +28,7 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineError, RequestError
 from engine.kv_cache import KVCacheSpec
+from engine.kv_sizing import KVPoolSize, cpu_pool_bytes, gpu_pool_bytes, mem_available_bytes
 from engine.limits import check_sampling
 from engine.llama import LlamaModel, LlamaWeights
 from engine.model_runner import ModelRunner
@@ -74,15 +75,16 @@ class Engine:
 
         limit = min(dims.max_position_embeddings, self.artifacts.sliding_window or dims.max_position_embeddings)
         self.max_model_len = min(self.config.max_model_len or limit, limit)
+        weights = LlamaWeights(dims, self.artifacts.tensors, self.dtype, self.device)
+        self.kv_size = self._kv_pool_size(weights)
         self.kv_spec = KVCacheSpec.from_budget(
-            dims.num_layers, dims.num_kv_heads, dims.head_dim, self.dtype, self.config.block_size, self.config.kv_cache_bytes
+            dims.num_layers, dims.num_kv_heads, dims.head_dim, self.dtype, self.config.block_size, self.kv_size.num_bytes
         )
         if self.kv_spec.num_blocks < 1:
             raise EngineError(
-                f"kv_cache_bytes={self.config.kv_cache_bytes} holds no block "
+                f"the KV pool ({self.kv_size.how}) holds no block "
                 f"({self.config.block_size} tokens x {self.kv_spec.bytes_per_token} bytes)"
             )
-        weights = LlamaWeights(dims, self.artifacts.tensors, self.dtype, self.device)
         model = LlamaModel(dims, weights, self.artifacts.inv_freq, self.artifacts.attention_scaling)
         self.kv_pool = self.kv_spec.allocate(self.device)
         self.runner = ModelRunner(model, self.kv_pool, self.config.block_size, self.device)
@@ -95,9 +97,25 @@ class Engine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._generators: dict[str, torch.Generator] = {}
         self._pending_aborts: list[str] = []
+        self.num_computed_tokens_total = 0  # prefill and decode tokens through the model, ever
         self._arrivals = 0
         self._default_generator = torch.Generator(device=self.device)
         self._default_generator.seed()
+
+    def _kv_pool_size(self, weights: LlamaWeights) -> KVPoolSize:
+        """The configured bytes, or (None) what the machine allows after the weights."""
+        if self.config.kv_cache_bytes is not None:
+            return KVPoolSize(self.config.kv_cache_bytes, f"configured {self.config.kv_cache_bytes} bytes")
+        if self.device.type != "cuda":
+            return cpu_pool_bytes(mem_available_bytes(), self.config.memory)
+        d = self.artifacts.dims
+        size = torch.empty((), dtype=self.dtype).element_size()
+        # Activations of one full step, estimated from the widest tensors of a layer (hidden states, fused
+        # QKV and gate/up outputs) and the logits rows; not profiled.
+        widest = 3 * d.hidden_size + d.q_size + 2 * d.kv_size + 3 * d.intermediate_size
+        activations = self.config.max_num_batched_tokens * widest * size + self.config.max_num_seqs * d.vocab_size * 4
+        free, total = torch.cuda.mem_get_info(self.device)  # the weights are already on the device
+        return gpu_pool_bytes(total, total - free, activations, self.config.memory)
 
     # -- public API -------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
@@ -153,6 +171,7 @@ class Engine:
         except Exception as exc:  # the forward pass: no row to blame, so the whole batch fails
             log.error("engine step failed error=%s requests=%d", type(exc).__name__, len(chunks))
             return outputs + [self._fail(chunk.seq, type(exc).__name__) for chunk in chunks]
+        self.num_computed_tokens_total += sched.num_tokens
         for chunk in chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
             self.blocks.commit_full_blocks(chunk.seq)
@@ -170,6 +189,7 @@ class Engine:
             prefix_hit_tokens=self.scheduler.prefix_hit_tokens,
             num_preemptions=self.scheduler.num_preemptions,
             kv_bytes_per_token=self.kv_spec.bytes_per_token,
+            num_recomputed_tokens=self.scheduler.num_recomputed_tokens,
         )
 
     # -- internals ----------------------------------------------------------------
@@ -239,6 +259,7 @@ class Engine:
             num_output_tokens=seq.num_output_tokens,
             num_cached_tokens=seq.num_cached_tokens,
             queue_time_s=None if seq.first_scheduled_at is None else seq.first_scheduled_at - seq.arrived_at,
+            num_recomputed_tokens=seq.num_recomputed_tokens,
         )
 
     def _validate(self, request: EngineRequest) -> None:

@@ -65,6 +65,8 @@ class EngineRequest:
     tenant, never from client input, so tenants cannot probe each other's
     prompts through cache timing. `deadline` is a `time.monotonic()` instant
     by which the request must have started; otherwise it finishes `expired`.
+    `batch` marks offline work: it is admitted after interactive work and
+    preempted before it.
     """
 
     request_id: str
@@ -73,6 +75,7 @@ class EngineRequest:
     tenant_id: str = "default"
     scope_key: str = ""
     deadline: float | None = None
+    batch: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,8 @@ class RequestOutput:
     num_cached_tokens: int
     # Seconds between add_request and the first step that scheduled it (None while it has waited only).
     queue_time_s: float | None = None
+    # Tokens computed again after preemptions (physical work, never billed).
+    num_recomputed_tokens: int = 0
 
     @property
     def finished(self) -> bool:
@@ -107,3 +112,4 @@ class EngineStats:
     prefix_hit_tokens: int
     num_preemptions: int
     kv_bytes_per_token: int
+    num_recomputed_tokens: int = 0

@@ -6,11 +6,13 @@ Order of one step (token budget `max_num_batched_tokens`, `max_num_seqs`):
 2. running decodes (one token each), most important first;
 3. running sequences still in (chunked) prefill;
 4. waiting sequences, picked by weighted fair queueing across tenants:
-   the tenant with the fewest tokens served per unit weight goes next.
+   the tenant with the fewest tokens served per unit weight goes next,
+   among tenants whose next sequence is interactive while any is.
 
 When a running sequence cannot get a block, the least important running
-sequence (lowest weight, then newest) is preempted by recompute: its blocks
-are freed and it re-enters the front of its tenant's queue. Under the `full`
+sequence (batch before interactive, then lowest weight, then newest) is
+preempted by recompute: its blocks are freed and it re-enters the front of
+its tenant's queue; recomputing its tokens is counted apart, never charged. Under the `full`
 reservation policy blocks for prompt + max output are taken at admission,
 so running sequences never need preempting.
 """
@@ -70,6 +72,7 @@ class Scheduler:
         self.vtime: dict[str, float] = {}
         self.num_preemptions = 0
         self.prefix_hit_tokens = 0
+        self.num_recomputed_tokens = 0
 
     # -- queue management -----------------------------------------------------
     @property
@@ -171,11 +174,10 @@ class Scheduler:
             budget -= n
 
     def _next_tenant(self) -> str | None:
-        best: str | None = None
-        for tenant, queue in self.waiting.items():
-            if queue and (best is None or self.vtime[tenant] < self.vtime[best]):
-                best = tenant
-        return best
+        heads = {tenant: queue[0] for tenant, queue in self.waiting.items() if queue}
+        if any(not head.request.batch for head in heads.values()):
+            heads = {tenant: head for tenant, head in heads.items() if not head.request.batch}
+        return min(heads, key=lambda tenant: self.vtime[tenant], default=None)
 
     def _preempt(self, victim: Sequence, scheduled: dict[int, ScheduledChunk], out: SchedulerOutput) -> int:
         """Recompute-preempt `victim`; returns the budget it had been given this step."""
@@ -205,6 +207,9 @@ class Scheduler:
     def _charge(self, chunk: ScheduledChunk) -> None:
         seq = chunk.seq
         end = seq.num_computed_tokens + chunk.num_tokens
+        recomputed = max(0, min(end, seq.num_served_tokens) - seq.num_computed_tokens)
+        seq.num_recomputed_tokens += recomputed
+        self.num_recomputed_tokens += recomputed
         fresh = max(0, end - max(seq.num_served_tokens, seq.num_computed_tokens))
         seq.num_served_tokens = max(seq.num_served_tokens, end)
         self.vtime[seq.tenant_id] = self.vtime.get(seq.tenant_id, 0.0) + fresh / seq.weight

@@ -39,6 +39,8 @@ class Sequence:
     # High-water mark of computed tokens: recompute after preemption is not
     # charged to the tenant's fair share again.
     num_served_tokens: int = 0
+    # Tokens computed again after preemptions: physical work reported apart, never billed.
+    num_recomputed_tokens: int = 0
     started: bool = False
     # Engine-clock instants of arrival and first scheduling: their difference is the queue time.
     arrived_at: float = 0.0
@@ -80,6 +82,6 @@ class Sequence:
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
 
-    def priority_key(self) -> tuple[float, int]:
-        """Sort key, most important first: higher weight, then older."""
-        return (-self.weight, self.arrival)
+    def priority_key(self) -> tuple[bool, float, int]:
+        """Sort key, most important first: interactive before batch, then higher weight, then older."""
+        return (self.request.batch, -self.weight, self.arrival)

@@ -105,8 +105,13 @@ class KafkaCluster:
 
 
 def random_cluster_id() -> str:
-    """What Kafka's `Uuid.randomUuid()` prints (URL-safe base64 of 16 random bytes, unpadded), without a JVM."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """What Kafka's `Uuid.randomUuid()` prints (URL-safe base64 of 16 random bytes, unpadded), without a JVM.
+
+    Like Kafka's, never one starting with '-': the storage tool's argument parser would take it for an option
+    (1 run in 64 failed to format so)."""
+    while (cluster_id := base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()).startswith("-"):
+        pass
+    return cluster_id
 
 
 def _controller_port(record: ServiceRecord) -> int:

@@ -134,9 +134,10 @@ class KafkaNode:
         if (self.dir / "data" / "meta.properties").exists():
             return
         if quorum is None:
-            self._run_tool(java, ["format", "--standalone", "-t", self.random_cluster_id(java), "-c", str(props)])
+            self._run_tool(java, ["format", "--standalone", f"--cluster-id={self.random_cluster_id(java)}",
+                                  "-c", str(props)])
         else:  # the voters are static (controller.quorum.voters): no --standalone / --initial-controllers
-            self._run_tool(java, ["format", "-t", quorum.cluster_id, "-c", str(props)])
+            self._run_tool(java, ["format", f"--cluster-id={quorum.cluster_id}", "-c", str(props)])
 
     def random_cluster_id(self, java: str | None = None) -> str:
         return self._run_tool(java or self.java(), ["random-uuid"]).strip().splitlines()[-1]

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -50,16 +52,36 @@ class Settings(BaseSettings):
     lease_ms: int = Field(default=5000, ge=100, description="a worker silent this long loses its attempts")
     heartbeat_interval_ms: int = Field(default=1000, ge=50)
     lease_check_interval_ms: int = Field(default=250, ge=10)
-    interactive_queue_allowance_ms: int = Field(default=2000, ge=0)
+    interactive_queue_allowance_ms: int = Field(default=2000, ge=0, description="the interactive TTFT allowance")
+    interactive_queue_fraction: float = Field(default=0.5, ge=0, le=1, description="an interactive request may "
+                                              "queue on a worker whose predicted wait fits this share of the "
+                                              "allowance; beyond it, 503 with a Retry-After from the prediction")
     batch_queue_allowance_ms: int = Field(default=60000, ge=0)
     worker_decode_tokens_per_s: float = Field(default=200.0, gt=0, description="queue-time estimate for routing")
     retry_after_ms: int = Field(default=1000, ge=1, description="base Retry-After for 429/503, jittered up to +50%")
     max_refusals: int = Field(default=2, ge=0, description="reroutes after worker refusals before Rejected")
+    require_qualified: bool = Field(default=False, description="route only to versions whose latest "
+                                    "qualification (`models qualify`) passed on their registered content")
     generation_deadline_s: float = Field(default=300.0, gt=0, description="an attempt must start within this")
     admission_timeout_ms: int = Field(default=10000, ge=100)
     gateway_host: str = "127.0.0.1"
     gateway_port: int = Field(default=8080, ge=0)
-    worker_kv_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    worker_kv_cache_bytes: str = Field(default="auto", description="KV pool: 'auto' (from the machine: a capped "
+                                       "share of MemAvailable on a CPU, a fraction of memory after weights on a "
+                                       "GPU), bytes, or a size like '2GiB'")
+    worker_memory_fraction: float = Field(default=0.9, gt=0, le=1, description="GPU memory `auto` may fill")
+    worker_cpu_kv_share: float = Field(default=0.25, gt=0, le=1, description="share of MemAvailable `auto` takes "
+                                       "on a CPU")
+    worker_cpu_kv_cap_bytes: int = Field(default=4 << 30, ge=1, description="... at most this many bytes")
+    worker_max_model_len: int | None = Field(default=None, ge=1, description="longest request (prompt + output) "
+                                             "the worker runs; the model's context when unset")
+    worker_reservation: Literal["optimistic", "full"] = Field(
+        default="optimistic", description="optimistic: an attempt reserves its prompt blocks plus a headroom and "
+        "grows, preempting by recompute when the pool runs dry; full: prompt + max output up front, never preempted")
+    worker_headroom_tokens: int = Field(default=32, ge=0, description="output tokens an optimistic reservation "
+                                        "holds beyond the prompt")
+    worker_free_block_watermark: float = Field(default=0.01, ge=0, lt=1, description="share of the pool kept free "
+                                               "when accepting attempts, so running sequences can grow")
     worker_max_num_seqs: int = Field(default=32, ge=1)
     worker_device: str = "auto"
     worker_nice: int = Field(default=10, ge=0, le=19,
@@ -86,6 +108,15 @@ class Settings(BaseSettings):
                                      description="the projector is ready while no projection lags more records")
     projector_lag_interval_s: float = Field(default=10.0, gt=0, description="how often projection lag is measured")
     max_request_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, description="larger HTTP bodies get 413")
+
+    @field_validator("worker_kv_cache_bytes", mode="before")
+    @classmethod
+    def _kv_size(cls, value: object) -> str:
+        from engine.kv_sizing import parse_bytes
+
+        text = str(value)
+        parse_bytes(text)  # ValueError names the text
+        return text
 
     @property
     def state_file(self) -> Path:

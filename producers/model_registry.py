@@ -15,6 +15,7 @@ from pathlib import Path
 
 from consumers.kafka.clients import make_producer, publish
 from consumers.kafka.follower import Follower
+from schemas.model_rollout import RESERVED_PREFIXES
 from schemas.registry_events import ModelVersionRegistered
 from schemas.topics import MODELS
 
@@ -24,6 +25,10 @@ BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 class ModelVersionConflict(Exception):
     """The name is registered with different content."""
+
+
+class InvalidVersionName(ValueError):
+    """A name that would share a record key with a qualification or an alias on `llm.models`."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,9 @@ async def registered_versions(bootstrap: str) -> dict[str, ModelVersionRegistere
 
 
 async def register_model(bootstrap: str, model_dir: str | Path, name: str) -> Registration:
+    if name.startswith(RESERVED_PREFIXES):
+        raise InvalidVersionName(f"model version {name!r} starts with a reserved prefix "
+                                 f"({', '.join(RESERVED_PREFIXES)})")
     event = describe(model_dir, name)
     existing = (await registered_versions(bootstrap)).get(name)
     if existing is not None:

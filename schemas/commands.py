@@ -25,6 +25,7 @@ class SubmitGeneration(Command):
     request_id: str = Field(min_length=1, max_length=256)
     gateway_id: str = Field(min_length=1)
     correlation_id: str = Field(min_length=1)
+    # The name asked for: a version, or an alias the controller pins to one version at admission.
     model_version: str = Field(min_length=1)
     input_token_ids: tuple[int, ...]
     max_output_tokens: int = Field(ge=1)

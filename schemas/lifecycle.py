@@ -15,6 +15,8 @@ from schemas.values import SamplingParams, Tier, Usage
 
 
 class Admitted(GenerationScoped):
+    """`model_version` is always the concrete version; `alias` the name it was drawn through, if any."""
+
     type: Literal["Admitted"] = "Admitted"
     request_id: str = Field(min_length=1)
     model_version: str = Field(min_length=1)
@@ -24,6 +26,7 @@ class Admitted(GenerationScoped):
     payload_hash: str = Field(min_length=64, max_length=64)
     sampling: SamplingParams = SamplingParams()
     tier: Tier = "interactive"
+    alias: str | None = None
 
 
 class AttemptStarted(GenerationScoped):

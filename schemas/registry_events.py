@@ -30,6 +30,11 @@ class WorkerHeartbeat(Envelope):
     # that the controller has not ended yet: heartbeats delivered late after a broker outage can keep the
     # lease alive in the controller's eyes, so the worker says outright which attempts it gave up.
     fenced: tuple[str, ...] = ()
+    # How the worker reserves KV for an attempt it accepts (see Demand.tokens_on), and the tokens per second
+    # its engine has processed while busy (prefill and decode), for the controller's wait prediction.
+    reservation: Literal["full", "optimistic"] = "full"
+    headroom_tokens: int = Field(default=0, ge=0)
+    tokens_per_s: float | None = Field(default=None, gt=0)
 
 
 class ModelVersionRegistered(Envelope):
@@ -48,6 +53,11 @@ class ModelVersionRegistered(Envelope):
     tokenizer_sha256: str | None = Field(default=None, min_length=64, max_length=64)
     chat_template_sha256: str | None = Field(default=None, min_length=64, max_length=64)
     runtime: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def models_key(self) -> str:
+        """The record key on `llm.models`: the version name (see schemas/model_rollout.py for the others)."""
+        return self.model_version
 
 
 class TenantRegistered(Envelope):

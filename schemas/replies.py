@@ -27,6 +27,8 @@ class AdmissionDecision(TenantScoped):
     reason: str | None = None
     retry_after_ms: int | None = Field(default=None, ge=0)
     status: str | None = None  # the generation's control status for 200/202 answers
+    # The concrete version a 201/200 answer runs on: an alias resolved at admission, kept for retries.
+    model_version: str | None = None
     # The controller group that decided: a gateway accepts only its own group's answers, so a second
     # control plane on the same broker (a test session next to `ledgerlm up`) cannot answer for it.
     decided_by: str | None = None

@@ -8,7 +8,7 @@
     llm.generations         generation id   delete    forever (billing source of truth)
     llm.tokens              generation id   delete    1 d
     llm.workers             worker id       compact   -
-    llm.models              model version   compact   -
+    llm.models              version/item    compact   -
     llm.tenants             tenant id       compact   -
     llm.dlq                 source topic    delete    14 d
 """
@@ -28,6 +28,7 @@ from schemas.lifecycle import (
     Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Failed, Interrupted, Rejected,
     UsageReported,
 )
+from schemas.model_rollout import ModelAliasSet, ModelQualified
 from schemas.registry_events import ModelVersionRegistered, TenantRegistered, WorkerHeartbeat
 from schemas.replies import AdmissionDecision
 from schemas.stream import StreamFinished, TokensEmitted
@@ -98,8 +99,11 @@ TOPICS: tuple[TopicSpec, ...] = (
               description="Stream events, ordered per (generation, epoch) by seq."),
     TopicSpec(WORKERS, "worker_id", (WorkerHeartbeat,), "compact",
               description="Worker registry and heartbeats."),
-    TopicSpec(MODELS, "model_version", (ModelVersionRegistered,), "compact",
-              description="Immutable model versions."),
+    # Keyed per record kind (version, "qualified:<version>", "alias:<name>"): compaction must never let a
+    # qualification or an alias replace the registration it is about.
+    TopicSpec(MODELS, "models_key", (ModelVersionRegistered, ModelQualified, ModelAliasSet), "compact",
+              description="Model versions (immutable; key: the version), their latest qualification "
+                          "(key: qualified:<version>) and aliases (key: alias:<name>)."),
     TopicSpec(TENANTS, "tenant_id", (TenantRegistered,), "compact", min_insync_replicas=2,
               description="Tenants, their limits and API key hashes."),
     TopicSpec(DLQ, "source_topic", (DeadLetter,), "delete", 14 * DAY_MS,

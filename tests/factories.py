@@ -13,6 +13,7 @@ from schemas.lifecycle import (
     Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Failed, Interrupted, Rejected,
     UsageReported,
 )
+from schemas.model_rollout import ModelAliasSet, ModelQualified
 from schemas.registry_events import ModelVersionRegistered, TenantRegistered, WorkerHeartbeat
 from schemas.replies import AdmissionDecision
 from schemas.stream import StreamFinished, TokensEmitted
@@ -81,6 +82,11 @@ def make_event(type_name: str, tenant_id: str | None = None, generation_id: str 
         "ModelVersionRegistered": lambda: ModelVersionRegistered(
             model_version=uid("model"), name="demo-tiny", checksums={"model.safetensors": HASH},
             max_context_tokens=2048, kv_bytes_per_token=4096, registered_at=datetime(2026, 1, 1, tzinfo=UTC)),
+        "ModelQualified": lambda: ModelQualified(
+            model_version=uid("model"), passed=False, prompts=3, failures=("capital",), content_sha256=HASH,
+            qualified_at=datetime(2026, 1, 2, tzinfo=UTC)),
+        "ModelAliasSet": lambda: ModelAliasSet(alias=uid("alias"), weights={"demo-tiny@1": 90, "demo-tiny@2": 10},
+                                               set_at=datetime(2026, 1, 3, tzinfo=UTC)),
         "TenantRegistered": lambda: TenantRegistered(tenant_id=tenant, name=tenant, limits=TenantLimits(weight=3),
                                                      api_key_hash=uuid.uuid4().hex * 2, api_key_prefix="llm_abc"),
         "IdentityRecorded": lambda: IdentityRecorded(tenant_id=tenant, request_id=uid("req"),

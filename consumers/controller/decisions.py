@@ -4,7 +4,8 @@ Each handler mutates the partition state and returns `Effects`: the records
 the runtime then writes in one Kafka transaction together with the consumed
 offsets. Nothing here touches Kafka, so every rule is testable in memory.
 
-    SubmitGeneration ─▶ 200 existing | 409 conflict | 404 model | 429 budget | 503 capacity | 201 admitted
+    SubmitGeneration ─▶ 200 existing | 409 conflict | 404 model | 503 model_not_qualified (require_qualified)
+                        | 429 budget | 503 capacity | 201 admitted on one concrete version (an alias: drawn by weight)
     CancelGeneration ─▶ 202 canceling (CancelRequested + CancelAttempt) | 200 finished | 404 unknown
     AttemptRefused   ─▶ StartAttempt(epoch + 1) elsewhere | Rejected
     ReleaseReservation / lease expiry ─▶ budget released (Interrupted on expiry)
@@ -16,15 +17,16 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from consumers.controller.registry import WorkerRegistry
+from consumers.controller.registry import Demand, WorkerRegistry
 from consumers.controller.state import PartitionState, TenantState
+from consumers.controller.versions import VersionPicker, describe
 from ledgerlm.settings import Settings
 from schemas.changelog import IdentityRecorded, TenantBudgetState
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
 from schemas.dispatch import CancelAttempt, StartAttempt
 from schemas.envelope import Envelope
 from schemas.lifecycle import Admitted, CancelRequested, Canceled, Interrupted, Rejected
-from schemas.registry_events import ModelVersionRegistered
+from schemas.model_book import ModelBook
 from schemas.replies import AdmissionDecision
 from schemas.values import TenantLimits
 
@@ -56,12 +58,13 @@ class Decider:
     """The controller's rules; `tenants`/`models` are the followed registries (shared, read-only here)."""
 
     def __init__(self, settings: Settings, registry: WorkerRegistry, tenants: dict[str, TenantLimits],
-                 models: dict[str, ModelVersionRegistered], rng: random.Random | None = None) -> None:
+                 models: ModelBook, rng: random.Random | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.tenants = tenants
         self.models = models
         self.rng = rng or random.Random()
+        self.versions = VersionPicker(models, registry, self.rng, settings.worker_decode_tokens_per_s)
         self.plane = settings.controller_group
 
     # -- helpers -------------------------------------------------------------------
@@ -73,6 +76,20 @@ class Decider:
         ms = self.settings.interactive_queue_allowance_ms if tier == "interactive" else \
             self.settings.batch_queue_allowance_ms
         return ms / 1000
+
+    def queue_allowance_s(self, tier: str) -> float:
+        """The predicted wait a new attempt may be routed with: for interactive work a share of its TTFT
+        allowance (the rest is its own prefill), for batch work the whole batch allowance."""
+        if tier == "interactive":
+            return self.allowance_s(tier) * self.settings.interactive_queue_fraction
+        return self.allowance_s(tier)
+
+    def capacity_retry_ms(self, candidates: dict[str, int], demand: Demand, now: datetime, tier: str) -> int:
+        """Retry-After of a 503 no_capacity: when the best worker's predicted wait would fit again."""
+        wait_s = self.versions.shortest_wait_s(candidates, demand, now.timestamp())
+        if wait_s is None:
+            return self.jittered_ms(self.settings.retry_after_ms)
+        return self.jittered_ms(int(min(max(wait_s - self.queue_allowance_s(tier), 0.25), 60.0) * 1000))
 
     def deadline(self, tier: str, now: datetime) -> datetime:
         return now + timedelta(seconds=max(self.allowance_s(tier), 10.0))
@@ -108,17 +125,27 @@ class Decider:
                                                retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))])
         if existing is not None:
             if existing.payload_hash == cmd.payload_hash:
+                # A retry stays on the version first chosen, whatever an alias's weights say now.
                 return Effects(replies=[self.reply(cmd, "existing", 200, request_id=cmd.request_id,
                                                    generation_id=existing.generation_id,
-                                                   status=existing.status)])
+                                                   status=existing.status, model_version=existing.model_version)])
             return Effects(replies=[self.reply(
                 cmd, "conflict", 409, request_id=cmd.request_id, generation_id=existing.generation_id,
                 error_code="request_id_conflict",
                 reason="requestId was already used with a different payload")])
-        if cmd.model_version not in self.models:
+        candidates = self.versions.candidates(cmd.model_version)
+        if not candidates:
             return Effects(replies=[self.reply(cmd, "rejected", 404, request_id=cmd.request_id,
                                                error_code="unknown_model",
-                                               reason=f"model version {cmd.model_version!r} is not registered")])
+                                               reason=f"{cmd.model_version!r} is neither a registered model "
+                                                      f"version nor an alias of one")])
+        if self.settings.require_qualified:
+            candidates = self.versions.qualified(candidates)
+            if not candidates:
+                return Effects(replies=[self.reply(
+                    cmd, "rejected", 503, request_id=cmd.request_id, error_code="model_not_qualified",
+                    reason=self.versions.unqualified_reason(cmd.model_version),
+                    retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))])
         limits = self.tenants.get(cmd.tenant_id)
         if limits is None:
             return Effects(replies=[self.reply(cmd, "rejected", 503, request_id=cmd.request_id,
@@ -130,21 +157,22 @@ class Decider:
             code, reason, retry_ms = refusal
             return Effects(replies=[self.reply(cmd, "rejected", 429, request_id=cmd.request_id, error_code=code,
                                                reason=reason, retry_after_ms=self.jittered_ms(retry_ms))])
-        choice = self.registry.choose(cmd.model_version, reserved, self.allowance_s(cmd.tier),
-                                      self.settings.worker_decode_tokens_per_s, now.timestamp(),
-                                      may_wait=cmd.tier == "batch")
-        if choice is None:
+        demand = Demand(len(cmd.input_token_ids), cmd.max_output_tokens)
+        routed = self.versions.route(candidates, demand, self.queue_allowance_s(cmd.tier), now.timestamp())
+        if routed is None:
             return Effects(replies=[self.reply(
                 cmd, "rejected", 503, request_id=cmd.request_id, error_code="no_capacity",
-                reason=f"no ready worker with {cmd.model_version} and room within the {cmd.tier} allowance",
-                retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))])
-        queued = choice.queue_s > 0
+                reason=f"no ready worker with {describe(cmd.model_version, candidates)} whose predicted wait fits "
+                       f"the {cmd.tier} allowance",
+                retry_after_ms=self.capacity_retry_ms(candidates, demand, now, cmd.tier))])
+        version, choice = routed
+        queued = choice.waits_for_kv
         if queued and tenant.queued_tokens + reserved > limits.max_queued_tokens:
             return Effects(replies=[self.reply(
                 cmd, "rejected", 429, request_id=cmd.request_id, error_code="queued_tokens",
                 reason=f"{tenant.queued_tokens} queued tokens + {reserved} exceed {limits.max_queued_tokens}",
                 retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))])
-        return self.admit(state, tenant, limits, cmd, reserved, choice.worker_id, now, queued)
+        return self.admit(state, tenant, limits, cmd, reserved, version, choice.worker_id, now, queued)
 
     def over_budget(self, tenant: TenantState, limits: TenantLimits, reserved: int,
                     now: datetime) -> tuple[str, str, int] | None:
@@ -164,30 +192,33 @@ class Decider:
         return None
 
     def admit(self, state: PartitionState, tenant: TenantState, limits: TenantLimits, cmd: SubmitGeneration,
-              reserved: int, worker_id: str, now: datetime, queued: bool = False) -> Effects:
+              reserved: int, version: str, worker_id: str, now: datetime, queued: bool = False) -> Effects:
+        """Admit on `version`, the concrete version (an alias's draw): identity, Admitted and StartAttempt
+        all record it, so status, billing and a retry see the version that runs."""
         gen_id = new_generation_id()
         now_s = int(now.timestamp())
         tenant.charge(now_s, reserved)
         record = IdentityRecorded(plane=self.plane, tenant_id=cmd.tenant_id, request_id=cmd.request_id,
                                   generation_id=gen_id,
-                                  payload_hash=cmd.payload_hash, model_version=cmd.model_version, tier=cmd.tier,
+                                  payload_hash=cmd.payload_hash, model_version=version, tier=cmd.tier,
                                   epoch=1, worker_id=worker_id, reserved_tokens=reserved,
                                   input_tokens=len(cmd.input_token_ids), admitted_s=now_s, queued=queued)
         state.record(record)
-        self.registry.hold(worker_id, gen_id, reserved, now.timestamp())
+        self.registry.hold(worker_id, gen_id, Demand(len(cmd.input_token_ids), cmd.max_output_tokens),
+                           now.timestamp())
         scoped = {"tenant_id": cmd.tenant_id, "generation_id": gen_id, "epoch": 1}
-        admitted = Admitted(**scoped, request_id=cmd.request_id, model_version=cmd.model_version,
+        admitted = Admitted(**scoped, request_id=cmd.request_id, model_version=version,
                             input_tokens=len(cmd.input_token_ids), max_output_tokens=cmd.max_output_tokens,
                             reserved_tokens=reserved, payload_hash=cmd.payload_hash, sampling=cmd.sampling,
-                            tier=cmd.tier)
-        start = StartAttempt(**scoped, worker_id=worker_id, model_version=cmd.model_version,
+                            tier=cmd.tier, alias=None if version == cmd.model_version else cmd.model_version)
+        start = StartAttempt(**scoped, worker_id=worker_id, model_version=version,
                              input_token_ids=cmd.input_token_ids, max_output_tokens=cmd.max_output_tokens,
                              sampling=cmd.sampling, weight=limits.weight, deadline_at=self.deadline(cmd.tier, now),
                              tier=cmd.tier)
         return Effects(generations=[admitted], dispatch=[start],
                        changelog=[record, tenant.budget_record(now_s, self.plane)],
                        replies=[self.reply(cmd, "created", 201, request_id=cmd.request_id, generation_id=gen_id,
-                                           status="active")])
+                                           status="active", model_version=version)])
 
     # -- CancelGeneration ----------------------------------------------------------------
     def cancel(self, state: PartitionState, cmd: CancelGeneration, now: datetime) -> Effects:
@@ -224,10 +255,10 @@ class Decider:
             return effects
         choice = None
         if cmd.attempt is not None and cmd.epoch <= self.settings.max_refusals:
-            choice = self.registry.choose(gen.model_version or cmd.attempt.model_version, gen.reserved_tokens,
-                                          self.allowance_s(gen.tier), self.settings.worker_decode_tokens_per_s,
-                                          now.timestamp(), exclude=frozenset({cmd.worker_id}),
-                                          may_wait=gen.tier == "batch")
+            demand = Demand(len(cmd.attempt.input_token_ids), cmd.attempt.max_output_tokens)
+            choice = self.registry.choose(gen.model_version or cmd.attempt.model_version, demand,
+                                          self.queue_allowance_s(gen.tier), self.settings.worker_decode_tokens_per_s,
+                                          now.timestamp(), exclude=frozenset({cmd.worker_id}))
         if choice is None:
             code, why = ("no_capacity", "no other worker has room") if cmd.attempt is not None else (
                 "attempt_too_large", "the order was too large to hand back for another worker")
@@ -238,7 +269,7 @@ class Decider:
         epoch = gen.epoch + 1
         moved = gen.model_copy(update={"epoch": epoch, "worker_id": choice.worker_id})
         state.record(moved)
-        self.registry.hold(choice.worker_id, gen.generation_id, gen.reserved_tokens, now.timestamp())
+        self.registry.hold(choice.worker_id, gen.generation_id, demand, now.timestamp())
         start = cmd.attempt.model_copy(update={"epoch": epoch, "worker_id": choice.worker_id,
                                                "event_id": uuid.uuid4(), "occurred_at": now})
         return Effects(dispatch=[start], changelog=[moved])

@@ -16,10 +16,32 @@ PENDING_GRACE_S = 0.5
 
 
 @dataclass(frozen=True)
+class Demand:
+    """What one attempt asks of a worker: its prompt and its output limit."""
+
+    prompt_tokens: int
+    max_output_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.max_output_tokens
+
+    def tokens_on(self, heartbeat: WorkerHeartbeat) -> int:
+        """The tokens the worker reserves at acceptance: everything (full), or prompt + headroom (optimistic)."""
+        if heartbeat.reservation == "full":
+            return self.total_tokens
+        return self.prompt_tokens + min(self.max_output_tokens, heartbeat.headroom_tokens)
+
+
+@dataclass(frozen=True)
 class WorkerChoice:
+    """A worker for an attempt. `queue_s` is the predicted wait before its prefill starts; `waits_for_kv`
+    says the worker lacks the blocks now and will queue the attempt until running work frees them."""
+
     worker_id: str
     room_tokens: int
     queue_s: float
+    waits_for_kv: bool = False
 
 
 @dataclass
@@ -62,35 +84,50 @@ class WorkerRegistry:
             return False
         return now - view.heartbeat.occurred_at.timestamp() <= view.heartbeat.lease_ms / 1000
 
-    def choose(self, model_version: str, need_tokens: int, allowance_s: float, decode_tokens_per_s: float,
-               now: float, exclude: frozenset[str] = frozenset(), may_wait: bool = False) -> WorkerChoice | None:
-        """The ready worker with the version and the most room whose predicted queue time fits the allowance.
+    def predicted_wait_s(self, view: WorkerView, demand: Demand, decode_tokens_per_s: float) -> tuple[float, bool]:
+        """(seconds until this attempt's prefill could start, whether it waits for KV) from the heartbeat:
+        the prefill queued ahead of it, plus the blocks it lacks, processed at the worker's measured rate."""
+        hb = view.heartbeat
+        rate = hb.tokens_per_s or decode_tokens_per_s
+        deficit = max(0, demand.tokens_on(hb) - view.room_tokens)
+        return (hb.queued_tokens + deficit) / rate, deficit > 0
 
-        Without room, an attempt waits on the worker for the KV it lacks (plus the work queued there) to
-        drain at `decode_tokens_per_s`; only attempts that `may_wait` (batch tier) are routed so.
-        """
-        best: WorkerChoice | None = None
+    def candidates(self, model_version: str, demand: Demand, now: float, exclude: frozenset[str]):
         for worker_id, view in self.workers.items():
             hb = view.heartbeat
-            if (worker_id in exclude or hb.draining or model_version not in hb.model_versions
-                    or not self.is_live(worker_id, now) or need_tokens > view.capacity_tokens):
+            if (worker_id not in exclude and not hb.draining and model_version in hb.model_versions
+                    and self.is_live(worker_id, now) and demand.total_tokens <= view.capacity_tokens):
+                yield worker_id, view
+
+    def choose(self, model_version: str, demand: Demand, allowance_s: float, decode_tokens_per_s: float,
+               now: float, exclude: frozenset[str] = frozenset(), may_wait: bool = True) -> WorkerChoice | None:
+        """The ready worker with the version and the shortest predicted wait, if it fits `allowance_s`.
+
+        An attempt that lacks KV room waits on the worker until running work frees it; `may_wait=False`
+        routes only to workers with room now.
+        """
+        best: WorkerChoice | None = None
+        for worker_id, view in self.candidates(model_version, demand, now, exclude):
+            queue_s, waits = self.predicted_wait_s(view, demand, decode_tokens_per_s)
+            if queue_s > allowance_s or (waits and not may_wait):
                 continue
-            room = view.room_tokens
-            if room < need_tokens and not may_wait:
-                continue
-            deficit = max(0, need_tokens - room) + (hb.queued_tokens if room < need_tokens else 0)
-            queue_s = deficit / decode_tokens_per_s
-            if queue_s > allowance_s:
-                continue
-            choice = WorkerChoice(worker_id, room, queue_s)
+            choice = WorkerChoice(worker_id, view.room_tokens, queue_s, waits)
             if best is None or (choice.queue_s, -choice.room_tokens) < (best.queue_s, -best.room_tokens):
                 best = choice
         return best
 
-    def hold(self, worker_id: str, generation_id: str, tokens: int, now: float) -> None:
+    def shortest_wait_s(self, model_version: str, demand: Demand, decode_tokens_per_s: float,
+                        now: float) -> float | None:
+        """The best predicted wait over every ready worker with the version, whatever the allowance."""
+        waits = [self.predicted_wait_s(view, demand, decode_tokens_per_s)[0]
+                 for _, view in self.candidates(model_version, demand, now, frozenset())]
+        return min(waits, default=None)
+
+    def hold(self, worker_id: str, generation_id: str, demand: Demand, now: float) -> None:
+        """Count the tokens the worker will reserve for this attempt until its heartbeats show them."""
         view = self.workers.get(worker_id)
         if view is not None:
-            view.pending[generation_id] = (tokens, now)
+            view.pending[generation_id] = (demand.tokens_on(view.heartbeat), now)
 
     def forget(self, worker_id: str | None, generation_id: str) -> None:
         view = self.workers.get(worker_id) if worker_id else None

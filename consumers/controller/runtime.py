@@ -32,7 +32,8 @@ from schemas.codec import DecodeError, decode, encode, record_headers, record_ke
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
 from schemas.dead_letter import DeadLetter
 from schemas.envelope import Envelope
-from schemas.registry_events import ModelVersionRegistered, TenantRegistered, WorkerHeartbeat
+from schemas.model_book import ModelBook
+from schemas.registry_events import TenantRegistered, WorkerHeartbeat
 from schemas.topics import COMMANDS, CONTROL_CHANGELOG, DISPATCH, DLQ, GENERATIONS, MODELS, REPLIES, TENANTS, WORKERS
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class Controller:
         self.group = settings.controller_group
         self.registry = WorkerRegistry()
         self.tenants: dict = {}
-        self.models: dict[str, ModelVersionRegistered] = {}
+        self.models = ModelBook()
         self.decider = Decider(settings, self.registry, self.tenants, self.models)
         self.states: dict[int, PartitionState] = {}
         self.producers: dict[int, AIOKafkaProducer] = {}
@@ -88,8 +89,8 @@ class Controller:
                 self.registry.observe(event)
         elif isinstance(event, TenantRegistered):
             self.tenants[event.tenant_id] = event.limits
-        elif isinstance(event, ModelVersionRegistered):
-            self.models.setdefault(event.model_version, event)  # versions are immutable: first one wins
+        elif topic == MODELS:
+            self.models.observe(event)  # versions, their qualifications, aliases (schemas/model_book.py)
 
     # -- partition ownership -------------------------------------------------------------
     async def own_partitions(self, partitions: list[int]) -> None:

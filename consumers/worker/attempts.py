@@ -49,7 +49,8 @@ def engine_request(order: StartAttempt, request_id: str, deadline: float) -> Eng
                             stop_token_ids=sampling.stop_token_ids, stop=sampling.stop,
                             ignore_eos=sampling.ignore_eos, min_tokens=sampling.min_tokens)
     return EngineRequest(request_id=request_id, prompt_token_ids=order.input_token_ids, params=params,
-                         tenant_id=order.tenant_id, scope_key=order.tenant_id, deadline=deadline)
+                         tenant_id=order.tenant_id, scope_key=order.tenant_id, deadline=deadline,
+                         batch=order.tier == "batch")
 
 
 def refusal(order: StartAttempt, worker_id: str, reason: str, plane: str | None) -> AttemptRefused:
@@ -112,7 +113,8 @@ class Attempt:
     def observe(self, output: RequestOutput) -> None:
         self.usage = Usage(processed_input_tokens=output.num_prompt_tokens,
                            cached_input_tokens=output.num_cached_tokens,
-                           generated_output_tokens=output.num_output_tokens)
+                           generated_output_tokens=output.num_output_tokens,
+                           recompute_tokens=output.num_recomputed_tokens)
 
     def report_due(self, every_tokens: int, every_ms: int, now: float) -> bool:
         if self.usage.generated_output_tokens == self.reported_output:

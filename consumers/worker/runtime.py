@@ -6,12 +6,16 @@
     end ─▶ final UsageReported + terminal event, acknowledged ─▶ StreamFinished ─▶ ReleaseReservation
     every heartbeat interval ─▶ WorkerHeartbeat; no acknowledged heartbeat for a lease ─▶ self-fence
 
-Reservation is worker-side accounting over the whole block pool: an attempt
-is accepted only if prompt + max output tokens fit what is not yet reserved,
-and the engine runs with `reservation="full"`, so an accepted attempt is never
-preempted. Refusals go back to the controller on `llm.commands`; one that cannot
-be sent is given up in the heartbeats (`fenced`) instead, and one dispatch
-record that fails never stops the dispatch loop.
+Reservation is worker-side accounting over the whole block pool. Optimistic
+(the default): an attempt is accepted when its prompt plus a headroom fits
+what is neither reserved nor in use (less a free-block watermark); its blocks
+grow with its output and, when the pool runs dry, the engine preempts by
+recompute (batch first, then lowest weight, newest first). Full: prompt + max
+output up front, never preempted. An attempt that does not fit yet waits here
+(interactive ahead of batch) until its deadline, then ends `expired`, unbilled.
+Refusals go back to the controller on `llm.commands`; one that cannot be sent
+is given up in the heartbeats (`fenced`) instead, and one dispatch record that
+fails never stops the dispatch loop.
 
 If the engine thread dies, the next heartbeat says `alive=false` and the worker
 exits (`EngineStopped`, a non-zero exit): the controller interrupts its attempts
@@ -77,7 +81,7 @@ class Worker:
         self.waiting: list[StartAttempt] = []  # batch attempts waiting for KV room, in arrival order
         self._failure: BaseException | None = None
         self.metrics = WorkerMetrics(lambda: self._thread.stats if self._thread else None,
-                                     lambda: self.reserved_blocks)
+                                     lambda: self.reserved_blocks, lambda: self.block_size)
         self.http = RoleServer("worker", self.metrics.registry, self.readiness, settings.metrics_host,
                                settings.worker_metrics_port)
 
@@ -96,12 +100,36 @@ class Worker:
         return sum(a.reserved_blocks for a in self.attempts.values())
 
     @property
+    def watermark_blocks(self) -> int:
+        return int(self.total_blocks * self.settings.worker_free_block_watermark) if self.optimistic else 0
+
+    @property
+    def optimistic(self) -> bool:
+        return self.engine.config.reservation == "optimistic"
+
+    @property
     def free_blocks(self) -> int:
-        return self.total_blocks - self.reserved_blocks
+        """Blocks a new attempt may reserve: neither reserved nor in use by growing sequences, less the watermark."""
+        used = self._thread.stats.num_blocks_used if self._thread is not None else 0
+        return max(0, self.total_blocks - self.watermark_blocks - max(self.reserved_blocks, used))
+
+    def blocks_needed(self, order: StartAttempt) -> int:
+        """What accepting `order` reserves: prompt + headroom (optimistic) or prompt + max output (full)."""
+        output = order.max_output_tokens
+        if self.optimistic:
+            output = min(output, self.settings.worker_headroom_tokens)
+        return blocks_for(len(order.input_token_ids) + output, self.block_size)
+
+    def enqueue(self, order: StartAttempt) -> None:
+        """Wait for room: interactive attempts ahead of batch ones, each tier in arrival order."""
+        at = len(self.waiting)
+        if order.tier != "batch":
+            at = next((i for i, o in enumerate(self.waiting) if o.tier == "batch"), at)
+        self.waiting.insert(at, order)
 
     def heartbeat(self, alive: bool = True) -> WorkerHeartbeat:
         queued = sum(len(a.start.input_token_ids) for a in self.attempts.values() if not a.started_output) + sum(
-            len(o.input_token_ids) + o.max_output_tokens for o in self.waiting)
+            len(o.input_token_ids) for o in self.waiting)
         return WorkerHeartbeat(worker_id=self.worker_id, model_versions=(self.model.model_version,),
                                total_blocks=self.total_blocks, free_blocks=self.free_blocks,
                                block_size=self.block_size, running=len(self.attempts) + len(self.waiting),
@@ -109,7 +137,10 @@ class Worker:
                                draining=self.draining, lease_ms=self.settings.lease_ms,
                                alive=alive and (self._thread is None or self._thread.alive),
                                stale_commands=self.stale_commands, plane=self.settings.controller_group,
-                               fenced=tuple(f"{g}:{e}" for g, e in sorted(self.self_fenced.items())))
+                               fenced=tuple(f"{g}:{e}" for g, e in sorted(self.self_fenced.items())),
+                               reservation=self.engine.config.reservation,
+                               headroom_tokens=self.settings.worker_headroom_tokens if self.optimistic else 0,
+                               tokens_per_s=self._thread.tokens_per_s if self._thread is not None else None)
 
     # -- publishing ------------------------------------------------------------------------
     async def send(self, topic: str, event) -> asyncio.Future:
@@ -122,15 +153,18 @@ class Worker:
         request_id = f"{order.generation_id}#{order.epoch}"
         if request_id in self.attempts:
             return  # a redelivered order for an attempt already running here
-        need = blocks_for(len(order.input_token_ids) + order.max_output_tokens, self.block_size)
+        need = self.blocks_needed(order)
         if any(o.generation_id == order.generation_id and o.epoch == order.epoch for o in self.waiting):
             return
+        if order.deadline_at <= datetime.now(UTC):
+            await self.end_unstarted(order, "expired")  # arrived (or was queued) past the time it had to start
+            return
         reason = "draining" if self.draining and not accepted else ("kv-full" if need > self.free_blocks else None)
-        if reason == "kv-full" and order.tier == "batch" and need <= self.total_blocks:
-            # Batch work may wait here for room (routed so by the controller's queue-time estimate).
-            self.waiting.append(order)
-            log.info("attempt queued generation=%s epoch=%d need_blocks=%d free_blocks=%d waiting=%d",
-                     order.generation_id, order.epoch, need, self.free_blocks, len(self.waiting))
+        if reason == "kv-full" and need <= self.total_blocks - self.watermark_blocks:
+            # Routed here on the controller's predicted wait: it starts when running work frees room.
+            self.enqueue(order)
+            log.info("attempt queued generation=%s epoch=%d tier=%s need_blocks=%d free_blocks=%d waiting=%d",
+                     order.generation_id, order.epoch, order.tier, need, self.free_blocks, len(self.waiting))
             return
         request = None
         if reason is None:
@@ -153,18 +187,13 @@ class Worker:
                  order.generation_id, order.epoch, len(order.input_token_ids), need)
 
     async def start_waiting(self) -> None:
-        """Start queued batch attempts in arrival order while they fit; end those past their deadline."""
-        while self.waiting:
-            order = self.waiting[0]
-            if order.deadline_at <= datetime.now(UTC):
-                self.waiting.pop(0)
-                await self.end_unstarted(order, "expired")
-                continue
-            need = blocks_for(len(order.input_token_ids) + order.max_output_tokens, self.block_size)
-            if need > self.free_blocks:
-                return
-            self.waiting.pop(0)
-            await self.on_start(order, accepted=True)
+        """End queued attempts whose deadline passed, then start them in queue order while they fit."""
+        now = datetime.now(UTC)
+        for order in [o for o in self.waiting if o.deadline_at <= now]:
+            self.waiting.remove(order)
+            await self.end_unstarted(order, "expired")
+        while self.waiting and self.blocks_needed(self.waiting[0]) <= self.free_blocks:
+            await self.on_start(self.waiting.pop(0), accepted=True)
 
     async def end_unstarted(self, order: StartAttempt, reason: str) -> None:
         """End an attempt that never reached the engine: terminal event, final stream event, release."""
@@ -405,14 +434,33 @@ class Worker:
             self.stopped.set()
 
 
+def engine_config(settings: Settings, checksums=None, weights: dict[str, float] | None = None):
+    """The worker's engine settings: pool size (`auto` or bytes), reservation policy, limits."""
+    from engine.config import EngineConfig
+    from engine.kv_sizing import MemoryPolicy, parse_bytes
+
+    return EngineConfig(kv_cache_bytes=parse_bytes(settings.worker_kv_cache_bytes),
+                        reservation=settings.worker_reservation, max_num_seqs=settings.worker_max_num_seqs,
+                        max_model_len=settings.worker_max_model_len, device=settings.worker_device,
+                        tenant_weights=weights if weights is not None else {}, expected_checksums=checksums,
+                        memory=MemoryPolicy(gpu_fraction=settings.worker_memory_fraction,
+                                            cpu_share=settings.worker_cpu_kv_share,
+                                            cpu_cap_bytes=settings.worker_cpu_kv_cap_bytes))
+
+
 def load_engine(settings: Settings, model: ModelVersionRegistered, model_dir: str | None = None,
                 weights: dict[str, float] | None = None):
-    """The engine for a registered version; the files must match the registered checksums."""
-    from engine.config import EngineConfig
-    from engine.engine import Engine
+    """The engine for a registered version; the files must match the registered checksums.
 
-    config = EngineConfig(kv_cache_bytes=settings.worker_kv_cache_bytes, reservation="full",
-                          max_num_seqs=settings.worker_max_num_seqs, device=settings.worker_device,
-                          tenant_weights=weights if weights is not None else {},
-                          expected_checksums=model.checksums)
-    return Engine(model_dir or model.source_uri, config)
+    Refuses (EngineError) a pool that cannot hold one request of the engine's max_model_len.
+    """
+    from engine.engine import Engine
+    from engine.kv_sizing import check_holds_one_request
+
+    engine = Engine(model_dir or model.source_uri, engine_config(settings, model.checksums, weights))
+    check_holds_one_request(engine.kv_spec.num_blocks, engine.config.block_size, engine.max_model_len,
+                            engine.kv_size.how)
+    log.info("kv pool bytes=%d blocks=%d tokens=%d how=%s", engine.kv_spec.num_blocks * engine.config.block_size
+             * engine.kv_spec.bytes_per_token, engine.kv_spec.num_blocks,
+             engine.kv_spec.num_blocks * engine.config.block_size, engine.kv_size.how)
+    return engine

@@ -40,6 +40,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from ledgerlm.cli.bench_serve_cmd import register_serve  # serving SLOs vs transformers serve (issue 7)
     register_serve(bench)
 
+    from ledgerlm.cli.bench_capacity_cmd import register_capacity  # closed-loop capacity, default settings (issue 12)
+    register_capacity(bench)
+    from ledgerlm.cli.bench_overhead_cmd import register_overhead  # CPU per role per request (issue 13)
+    register_overhead(bench)
+
 
 def run_engine_bench(args: argparse.Namespace) -> int:
     # Must precede the first torch import. With the default (spinning) wait

@@ -21,13 +21,13 @@ def add_register_parser(models: argparse._SubParsersAction) -> None:
 
 def run_register(args: argparse.Namespace) -> int:
     from engine.errors import ArtifactError
-    from producers.model_registry import ModelVersionConflict, register_model
+    from producers.model_registry import InvalidVersionName, ModelVersionConflict, register_model
 
     if not args.dir.is_dir():
         raise CliError(f"{args.dir} is not a directory")
     try:
         result = asyncio.run(register_model(kafka_bootstrap(Settings()), args.dir, args.name))
-    except (ModelVersionConflict, ArtifactError) as exc:
+    except (ModelVersionConflict, InvalidVersionName, ArtifactError) as exc:
         raise CliError(str(exc)) from None
     event = result.event
     if args.json:

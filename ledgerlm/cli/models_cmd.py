@@ -9,8 +9,9 @@ from ledgerlm.cli.errors import CliError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    models = subparsers.add_parser("models", help="model directories (import, pull, demo build, manifests)").add_subparsers(
-        dest="action", required=True)
+    models = subparsers.add_parser(
+        "models", help="model directories and versions (import, pull, demo build, manifests, register, qualify, "
+                       "alias)").add_subparsers(dest="action", required=True)
     build = models.add_parser("build-demo", help="build a seeded demo Llama model and tokenizer, no network")
     build.add_argument("--out", required=True, type=Path, help="directory to create (must not exist or be empty)")
     build.add_argument("--size", choices=("tiny", "small", "mini"), default="tiny",
@@ -36,6 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from ledgerlm.cli.model_import_cmd import add_import_parsers  # real checkpoints (issue 11)
 
     add_import_parsers(models)
+
+    from ledgerlm.cli.model_rollout_cmd import add_rollout_parsers  # quality gate and aliases (issue 11)
+
+    add_rollout_parsers(models)
 
 
 def run_build_demo(args: argparse.Namespace) -> int:

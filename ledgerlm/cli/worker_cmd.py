@@ -29,7 +29,12 @@ async def _worker(settings: Settings, bootstrap: str, args: argparse.Namespace) 
     model = (await registered_versions(bootstrap)).get(args.model_version)
     if model is None:
         raise CliError(f"model version {args.model_version!r} is not registered")
-    engine = await asyncio.to_thread(load_engine, settings, model, args.model_dir)
+    from engine.errors import EngineError
+
+    try:
+        engine = await asyncio.to_thread(load_engine, settings, model, args.model_dir)
+    except EngineError as exc:
+        raise CliError(f"worker refused to start: {exc}") from None
     await Worker(settings, bootstrap, model, engine, args.worker_id).run()
 
 

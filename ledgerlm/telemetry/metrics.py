@@ -11,8 +11,9 @@ and workers side by side — without two metrics claiming one name.
     worker      time_to_first_token / inter_token_latency / request_queue_time / e2e_request_latency /
                 cancellation_lag (seconds, histograms), prompt_tokens_total, generation_tokens_total,
                 tenant_served_tokens_total{tenant,kind}, request_success_total{finished_reason},
-                attempts_refused_total{reason}, kv_blocks_used/free/reserved, num_requests_running/waiting,
-                prefix_cache_hit_tokens_total, preemptions_total
+                attempts_refused_total{reason}, kv_blocks_used/free/reserved, kv_pool_blocks/tokens/bytes,
+                num_requests_running/waiting, prefix_cache_hit_tokens_total, preemptions_total,
+                recomputed_tokens_total
     projector   projection_consumer_lag{projection}, projection_applied_events_total{projection}
 """
 from __future__ import annotations
@@ -46,6 +47,8 @@ class GatewayMetrics:
                                  registry=self.registry)
         self.rejections = Counter(f"{PREFIX}admission_rejections", "Generation requests answered 4xx/5xx",
                                   ["code"], registry=self.registry)
+        self.early_refusals = Counter(f"{PREFIX}early_refusals", "503s answered by the gateway without a controller "
+                                      "transaction: no live worker could take the request", registry=self.registry)
         self.admission_latency = Histogram(f"{PREFIX}admission_latency_seconds",
                                            "SubmitGeneration published -> controller decision received",
                                            buckets=ITL_BUCKETS, registry=self.registry)
@@ -75,9 +78,11 @@ class ControllerMetrics:
 class EngineStatsCollector(Collector):
     """The engine's capacity and cumulative counters, read from its latest stats snapshot at scrape time."""
 
-    def __init__(self, stats: Callable[[], EngineStats | None], reserved_blocks: Callable[[], int]) -> None:
+    def __init__(self, stats: Callable[[], EngineStats | None], reserved_blocks: Callable[[], int],
+                 block_size: Callable[[], int]) -> None:
         self.stats = stats
         self.reserved_blocks = reserved_blocks
+        self.block_size = block_size
 
     def collect(self) -> Iterator[Metric]:
         stats = self.stats()
@@ -90,6 +95,10 @@ class EngineStatsCollector(Collector):
             "kv_blocks_reserved": ("KV blocks reserved by accepted attempts", self.reserved_blocks()),
             "num_requests_running": ("Sequences in the running batch", stats.num_running),
             "num_requests_waiting": ("Sequences waiting in the engine", stats.num_waiting),
+            "kv_pool_blocks": ("KV blocks in the pool", stats.num_blocks_total),
+            "kv_pool_tokens": ("Tokens the KV pool holds", stats.num_blocks_total * self.block_size()),
+            "kv_pool_bytes": ("Bytes of the KV pool",
+                              stats.num_blocks_total * self.block_size() * stats.kv_bytes_per_token),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"{PREFIX}{name}", doc, value=value)
@@ -97,10 +106,13 @@ class EngineStatsCollector(Collector):
                                   value=stats.prefix_hit_tokens)
         yield CounterMetricFamily(f"{PREFIX}preemptions", "Sequences preempted by recompute",
                                   value=stats.num_preemptions)
+        yield CounterMetricFamily(f"{PREFIX}recomputed_tokens", "Tokens computed again after preemptions (never "
+                                  "billed)", value=stats.num_recomputed_tokens)
 
 
 class WorkerMetrics:
-    def __init__(self, stats: Callable[[], EngineStats | None], reserved_blocks: Callable[[], int]) -> None:
+    def __init__(self, stats: Callable[[], EngineStats | None], reserved_blocks: Callable[[], int],
+                 block_size: Callable[[], int] = lambda: 16) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttft = Histogram(f"{PREFIX}time_to_first_token_seconds", "Admission -> first output token",
@@ -123,7 +135,7 @@ class WorkerMetrics:
                                 registry=r)
         self.refused = Counter(f"{PREFIX}attempts_refused", "Attempts refused by this worker", ["reason"],
                                registry=r)
-        r.register(EngineStatsCollector(stats, reserved_blocks))
+        r.register(EngineStatsCollector(stats, reserved_blocks, block_size))
 
     def served(self, tenant: str, prompt_tokens: int, output_tokens: int) -> None:
         if prompt_tokens:

@@ -43,9 +43,10 @@ from producers.gateway.streams import (
     serve_websocket, sse_body,
 )
 from producers.gateway.submit import submit_generation
+from producers.gateway.workers import WorkerBoard
 from schemas.commands import CancelGeneration
-from schemas.registry_events import ModelVersionRegistered
-from schemas.topics import MODELS
+from schemas.registry_events import WorkerHeartbeat
+from schemas.topics import MODELS, WORKERS
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,8 @@ class Gateway:
     catalog: ModelCatalog
     models: Follower
     metrics: GatewayMetrics
+    board: WorkerBoard
+    workers_follower: Follower
     presence: Presence = field(default_factory=Presence)
     deliveries: set = field(default_factory=set)  # the open streams' queues (BoundedDelivery): what they hold
 
@@ -66,20 +69,25 @@ class Gateway:
     def create(cls, settings: Settings, bootstrap: str, database_url: str) -> "Gateway":
         catalog = ModelCatalog()
         metrics = GatewayMetrics()
+        board = WorkerBoard(settings.controller_group)
 
-        def on_model(_topic, event):
-            if isinstance(event, ModelVersionRegistered):
-                catalog.observe(event)
+        def on_worker(_topic, event) -> None:
+            if isinstance(event, WorkerHeartbeat):
+                board.observe(event)
 
         return cls(settings, AdmissionClient(bootstrap, settings.controller_group, latency=metrics.admission_latency),
                    StreamBridge(bootstrap), GatewayDatabase(database_url), catalog,
-                   Follower(bootstrap, [MODELS], on_model, client_id="gateway-models"), metrics)
+                   Follower(bootstrap, [MODELS], lambda _topic, event: catalog.observe(event),
+                            client_id="gateway-models"), metrics, board=board,
+                   workers_follower=Follower(bootstrap, [WORKERS], on_worker, client_id="gateway-workers"))
 
     async def start(self) -> None:
         await self.db.start()
         await self.models.start()
         await self.models.catch_up()
         self._models_task = asyncio.create_task(self.models.run(), name="gateway-models")
+        await self.workers_follower.start()
+        self._workers_task = asyncio.create_task(self.workers_follower.run(), name="gateway-workers")
         await self.bridge.start()
         await self.admission.start()
         self._presence_task = asyncio.create_task(self.cancel_unwatched(), name="gateway-disconnect-policy")
@@ -111,9 +119,11 @@ class Gateway:
     async def stop(self) -> None:
         self._presence_task.cancel()
         self._models_task.cancel()
+        self._workers_task.cancel()
         await self.admission.stop()
         await self.bridge.stop()
         await self.models.stop()
+        await self.workers_follower.stop()
         await self.db.stop()
 
 
@@ -179,8 +189,10 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
         principal = await principal_of(request)
         started = time.perf_counter()
         prompt = await asyncio.to_thread(gateway.catalog.render, body, principal.max_tokens_per_request)
-        decision = await submit_generation(gateway.admission, settings, principal, body, prompt, started)
-        first = {"id": decision.generation_id, "requestId": body.request_id, "model": body.model,
+        decision = await submit_generation(gateway, principal, body, prompt, started)
+        # The concrete version that runs: an alias was resolved (and pinned for retries) by the controller.
+        first = {"id": decision.generation_id, "requestId": body.request_id,
+                 "model": decision.model_version or body.model,
                  "status": "admitted" if decision.http_status == 201 else decision.status,
                  "inputTokens": len(prompt.token_ids), "created": decision.http_status == 201}
         gen_id = decision.generation_id

@@ -127,6 +127,10 @@ class StreamBridge:
     def view(self, generation_id: str) -> GenerationView | None:
         return self.views.get(generation_id)
 
+    def knows_request(self, tenant_id: str, request_id: str) -> bool:
+        """A generation of this tenant under this request id is in view (a scan: rare callers only)."""
+        return any(v.request_id == request_id and v.tenant_id == tenant_id for v in self.views.values())
+
     def _view_for(self, event: Envelope) -> GenerationView:
         view = self.views.get(event.generation_id)
         if view is None:

@@ -106,6 +106,11 @@ class GatewayDatabase:
                                    (generation_id,))
         return dict(zip(STATUS_COLUMNS, row)) if row else None
 
+    async def knows_request(self, tenant_id: str, request_id: str) -> bool:
+        """The tenant already has a generation under this request id (as far as the projection has seen)."""
+        return await self._fetchone("SELECT 1 FROM generations WHERE tenant_id = %s AND request_id = %s LIMIT 1",
+                                    (tenant_id, request_id)) is not None
+
     async def stream_events(self, generation_id: str, epoch: int,
                             after_seq: int = 0) -> list[tuple[int, list[int], str]]:
         """The resume buffer (projection of `llm.tokens`): (seq, token ids, text) of one epoch after a seq, in order."""

@@ -1,6 +1,6 @@
 """The OpenAI-compatible API, beside the native one and admitted by the same flow.
 
-    GET  /v1/models                  registered model versions (auth required)
+    GET  /v1/models                  registered model versions and aliases (auth required)
     GET  /v1/models/{model}          one of them, 404 otherwise
     POST /v1/completions             `prompt` (one text)
     POST /v1/chat/completions        `messages`, rendered with the version's chat template
@@ -101,7 +101,7 @@ def render(gateway: "Gateway", body: OpenAIRequest, request_id: str, principal: 
     max_tokens = body.requested_max_tokens()
     if max_tokens is None:  # chat without a limit: the rest of the context, as OpenAI does
         probe = gateway.catalog.render(body.native(request_id, 1), principal.max_tokens_per_request)
-        room = min(gateway.catalog.version(body.model).max_context_tokens, principal.max_tokens_per_request)
+        room = min(gateway.catalog.target(body.model).max_context_tokens, principal.max_tokens_per_request)
         max_tokens = max(room - len(probe.token_ids), 1)  # no room: the render below says why (400)
     if body.min_tokens > max_tokens:  # the limit asked for, or the room left in the context
         raise ApiError(400, "invalid_request", f"min_tokens={body.min_tokens} exceeds max_tokens={max_tokens}",
@@ -123,14 +123,14 @@ class OpenAIApi:
         return principal
 
     def model_card(self, name: str) -> dict:
-        registered = self.gateway.catalog.version(name)
-        return {"id": name, "object": "model", "created": int(registered.registered_at.timestamp()),
-                "owned_by": "ledgerlm", "max_model_len": registered.max_context_tokens}
+        target = self.gateway.catalog.target(name)
+        return {"id": name, "object": "model", "created": int(target.created_at.timestamp()),
+                "owned_by": "ledgerlm", "max_model_len": target.max_context_tokens}
 
     async def models(self, request: Request) -> JSONResponse:
         await self.principal_of(request)
         return JSONResponse({"object": "list",
-                             "data": [self.model_card(name) for name in sorted(self.gateway.catalog.versions)]})
+                             "data": [self.model_card(name) for name in self.gateway.catalog.names()]})
 
     async def model(self, request: Request, name: str) -> JSONResponse:
         await self.principal_of(request)
@@ -156,12 +156,12 @@ class OpenAIApi:
             native, prompt = await asyncio.to_thread(render, self.gateway, body, request_id, principal)
         except ValidationError as exc:
             raise validation_error(exc) from None
-        decision = await submit_generation(self.gateway.admission, self.gateway.settings, principal, native,
-                                           prompt, started)
+        decision = await submit_generation(self.gateway, principal, native, prompt, started)
         pieces = self.pieces(principal.tenant_id, decision.generation_id, fresh=decision.http_status == 201)
         chat = kind is ChatCompletionRequest
+        model = decision.model_version or body.model  # an alias answers with the version it was pinned to
         if body.stream:
-            return ClosingStreamingResponse(self.chunks(pieces, decision.generation_id, body, chat),
+            return ClosingStreamingResponse(self.chunks(pieces, decision.generation_id, body, chat, model),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         text: list[str] = []
         async for piece in pieces:
@@ -173,7 +173,7 @@ class OpenAIApi:
             else:
                 log.info("openai answer generation=%s finish=%s output_tokens=%d", decision.generation_id,
                          piece.finish_reason, piece.completion_tokens)
-                return JSONResponse(completion(decision.generation_id, body.model, "".join(text), piece, chat))
+                return JSONResponse(completion(decision.generation_id, model, "".join(text), piece, chat))
         raise ApiError(504, "wait_timeout", "the generation did not end in time",
                        {"generationId": decision.generation_id})
 
@@ -208,13 +208,13 @@ class OpenAIApi:
                 yield None
 
     async def chunks(self, pieces: AsyncIterator[str | End | None], generation_id: str, body: OpenAIRequest,
-                     chat: bool) -> AsyncIterator[bytes]:
+                     chat: bool, model: str) -> AsyncIterator[bytes]:
         created = int(time.time())
         kind = "chat.completion.chunk" if chat else "text_completion"
         extra = {"usage": None} if body.include_usage else {}
 
         def chunk(choices: list[dict], **more) -> bytes:
-            data = {"id": generation_id, "object": kind, "created": created, "model": body.model,
+            data = {"id": generation_id, "object": kind, "created": created, "model": model,
                     "choices": choices, **extra, **more}
             return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 

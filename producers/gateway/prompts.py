@@ -3,8 +3,13 @@
 The gateway follows `llm.models`; the tokenizer of a version is loaded once
 from its registered directory after the tokenizer files' checksums match the
 registration, so the gateway counts exactly the tokens the worker will run.
-The payload hash covers what makes two requests the same generation: version,
-effective token ids, limits and sampling (not `stream`, which is delivery).
+The payload hash covers what makes two requests the same generation: the
+model name asked for (a version or an alias), effective token ids, limits and
+sampling (not `stream`, which is delivery).
+
+An alias is rendered with the tokenizer of any member: `models alias` admits
+only versions that share tokenizer and chat template, which is what makes
+these token ids valid for whichever version the controller then draws.
 """
 from __future__ import annotations
 
@@ -12,12 +17,15 @@ import hashlib
 import json
 import threading
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from producers.gateway.errors import ApiError
 from producers.gateway.requests import GenerationRequest
 from producers.model_registry import TOKENIZER_FILES
+from schemas.envelope import Envelope
+from schemas.model_book import ModelBook
 from schemas.registry_events import ModelVersionRegistered
 from schemas.values import SamplingParams
 
@@ -57,22 +65,49 @@ def check_stop_token_ids(ids: list[int], vocab: int, version: str) -> None:
                        {"field": "stopTokenIds", "vocabSize": vocab})
 
 
+@dataclass(frozen=True)
+class ModelTarget:
+    """What a request's `model` names: one version, or an alias of versions sharing tokenizer and template."""
+
+    name: str
+    renderer: ModelVersionRegistered  # whose tokenizer renders the prompt (any member of an alias)
+    max_context_tokens: int  # an alias: the smallest context of the members it can draw
+    created_at: datetime
+
+
 class ModelCatalog:
-    """Registered versions (filled by a follower of `llm.models`) and their loaded tokenizers."""
+    """`llm.models` as followed (versions, aliases) and the loaded tokenizers."""
 
     def __init__(self) -> None:
-        self.versions: dict[str, ModelVersionRegistered] = {}
+        self.book = ModelBook()
         self._tokenizers: dict[str, Any] = {}
         self._lock = threading.Lock()
 
-    def observe(self, event: ModelVersionRegistered) -> None:
-        self.versions.setdefault(event.model_version, event)
+    @property
+    def versions(self) -> dict[str, ModelVersionRegistered]:
+        return self.book.versions
 
-    def version(self, name: str) -> ModelVersionRegistered:
-        registered = self.versions.get(name)
-        if registered is None:
-            raise ApiError(404, "unknown_model", f"model version {name!r} is not registered", {"model": name})
-        return registered
+    def observe(self, event: Envelope) -> None:
+        self.book.observe(event)
+
+    def target(self, name: str) -> ModelTarget:
+        registered = self.book.versions.get(name)
+        if registered is not None:
+            return ModelTarget(name, registered, registered.max_context_tokens, registered.registered_at)
+        members = [self.book.versions[version] for version in self.book.members(name)]
+        if not members:
+            raise ApiError(404, "unknown_model", f"{name!r} is neither a registered model version nor an alias of one",
+                           {"model": name})
+        return ModelTarget(name, members[0], min(m.max_context_tokens for m in members),
+                           self.book.aliases[name].set_at)
+
+    def versions_of(self, name: str) -> tuple[str, ...]:
+        """The concrete versions a request naming `name` may run on."""
+        return (name,) if name in self.book.versions else tuple(self.book.members(name))
+
+    def names(self) -> list[str]:
+        """Every name a request may use now (versions and aliases with a member to draw), sorted."""
+        return sorted(name for name in self.book.names() if name in self.book.versions or self.book.members(name))
 
     def tokenizer(self, registered: ModelVersionRegistered):
         with self._lock:
@@ -96,8 +131,8 @@ class ModelCatalog:
 
     def render(self, request: GenerationRequest, max_tokens_per_request: int) -> EffectivePrompt:
         """Token ids of the effective prompt, with limits checked (ApiError 400/404 otherwise)."""
-        registered = self.version(request.model)
-        tokenizer = self.tokenizer(registered)
+        target = self.target(request.model)
+        tokenizer = self.tokenizer(target.renderer)
         if request.messages is not None:
             rendered = tokenizer.apply_chat_template([m.model_dump() for m in request.messages],
                                                      add_generation_prompt=True, tokenize=True)
@@ -108,21 +143,21 @@ class ModelCatalog:
         if not token_ids:
             raise ApiError(400, "empty_input", "the effective prompt has no tokens", {"field": "input"})
         total = len(token_ids) + request.max_output_tokens
-        if total > registered.max_context_tokens:
+        if total > target.max_context_tokens:
             raise ApiError(400, "context_length_exceeded",
                            f"{len(token_ids)} input + {request.max_output_tokens} output tokens exceed the context "
-                           f"of {registered.max_context_tokens}",
+                           f"of {target.max_context_tokens}",
                            {"field": "maxOutputTokens", "inputTokens": len(token_ids),
-                            "limit": registered.max_context_tokens})
+                            "limit": target.max_context_tokens})
         if total > max_tokens_per_request:
             raise ApiError(400, "tenant_limit_exceeded",
                            f"{total} tokens exceed the tenant's limit of {max_tokens_per_request} per request",
                            {"field": "maxOutputTokens", "inputTokens": len(token_ids),
                             "limit": max_tokens_per_request})
-        check_stop_token_ids(request.stop_token_ids, vocab_size(registered, tokenizer), registered.model_version)
+        check_stop_token_ids(request.stop_token_ids, vocab_size(target.renderer, tokenizer), target.name)
         sampling = SamplingParams(temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
                                   seed=request.seed, stop=request.stop_strings(),
                                   stop_token_ids=tuple(request.stop_token_ids), ignore_eos=request.ignore_eos,
                                   min_tokens=request.min_tokens)
         return EffectivePrompt(token_ids, sampling,
-                               payload_hash(registered.model_version, token_ids, request.max_output_tokens, sampling))
+                               payload_hash(target.name, token_ids, request.max_output_tokens, sampling))

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
-from ledgerlm.settings import Settings
-from producers.gateway.admission import AdmissionClient
 from producers.gateway.database import Principal
 from producers.gateway.errors import ApiError
 from producers.gateway.prompts import EffectivePrompt
 from producers.gateway.requests import GenerationRequest
 from schemas.commands import SubmitGeneration
 from schemas.replies import AdmissionDecision
+
+if TYPE_CHECKING:
+    from producers.gateway.app import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +29,27 @@ def decision_error(decision: AdmissionDecision) -> ApiError:
                     details, decision.retry_after_ms)
 
 
-async def submit_generation(admission: AdmissionClient, settings: Settings, principal: Principal,
-                            body: GenerationRequest, prompt: EffectivePrompt, started: float) -> AdmissionDecision:
+async def refuse_without_workers(gateway: "Gateway", principal: Principal, body: GenerationRequest,
+                                 prompt: EffectivePrompt) -> None:
+    """503 at once when no live worker could ever take the request (see `producers.gateway.workers`)."""
+    if not gateway.workers_follower.caught_up.is_set():
+        return
+    total = len(prompt.token_ids) + body.max_output_tokens
+    if gateway.board.could_serve(gateway.catalog.versions_of(body.model), total, time.time()):
+        return
+    if gateway.bridge.knows_request(principal.tenant_id, body.request_id) or \
+            await gateway.db.knows_request(principal.tenant_id, body.request_id):
+        return  # a repeat: the controller answers it (200 existing or 409)
+    gateway.metrics.early_refusals.inc()
+    raise ApiError(503, "no_capacity", f"no live worker serves {body.model} with room for {total} tokens",
+                   {"requestId": body.request_id}, gateway.settings.retry_after_ms)
+
+
+async def submit_generation(gateway: "Gateway", principal: Principal, body: GenerationRequest,
+                            prompt: EffectivePrompt, started: float) -> AdmissionDecision:
     """The admitting decision (201 new, 200 existing); ApiError for every other answer or none in time."""
+    admission, settings = gateway.admission, gateway.settings
+    await refuse_without_workers(gateway, principal, body, prompt)
     command = SubmitGeneration(
         tenant_id=principal.tenant_id, request_id=body.request_id, gateway_id=admission.gateway_id,
         correlation_id=admission.correlation_id(), model_version=body.model,

@@ -86,11 +86,13 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 async def versions(bootstrap, topics, model_dir) -> dict[str, str]:
-    """Registered versions: `served` (shared workers), `drained`/`killable`/... (one test's own), `idle` (no worker)."""
+    """Registered versions: `served` (shared workers), `drained`/`killable`/... (one test's own), `idle` (no worker),
+    `stable`/`canary` (the same files under two names: an alias's members)."""
     from producers.model_registry import register_model
 
-    names = {role: f"cp-{role}-{SESSION}@1" for role in ("served", "drained", "killable", "batch", "coalesced", "idle",
-                                                        "failing", "crashing", "refusing")}
+    names = {role: f"cp-{role}-{SESSION}@1"
+             for role in ("served", "drained", "killable", "batch", "coalesced", "idle", "stable", "canary",
+                          "failing", "crashing", "refusing")}
     for name in names.values():
         await register_model(bootstrap, model_dir, name)
     return names
@@ -178,7 +180,9 @@ def worker_tasks() -> dict:
 
 @pytest.fixture(scope="session")
 async def start_worker(bootstrap, cp_settings, versions, engine_artifacts, model_dir, worker_tasks):
-    """start_worker(version_role="served", blocks=256) -> a running in-process Worker (stopped at session end)."""
+    """start_worker(version_role="served", blocks=256) -> a running in-process Worker (stopped at session end).
+
+    `version_role` is a role of `versions`, or the name of a version a test registered itself (same weights)."""
     from consumers.worker.runtime import Worker
     from engine.config import EngineConfig
     from engine.engine import Engine
@@ -187,9 +191,13 @@ async def start_worker(bootstrap, cp_settings, versions, engine_artifacts, model
     registered = await registered_versions(bootstrap)
     running: list[tuple] = []
 
-    async def start(version_role: str = "served", blocks: int = 256, worker_id: str | None = None, **overrides):
-        model = registered[versions[version_role]]
-        config = EngineConfig(kv_cache_bytes=blocks * BLOCK * 512, block_size=BLOCK, reservation="full",
+    async def start(version_role: str = "served", blocks: int = 256, worker_id: str | None = None,
+                    reservation: str = "full", **overrides):
+        name = versions.get(version_role, version_role)
+        if name not in registered:
+            registered.update(await registered_versions(bootstrap))
+        model = registered[name]
+        config = EngineConfig(kv_cache_bytes=blocks * BLOCK * 512, block_size=BLOCK, reservation=reservation,
                               dtype="float32", device="cpu", tenant_weights={}, expected_checksums=model.checksums)
         engine = Engine(model_dir, config, artifacts=engine_artifacts)
         settings = cp_settings.model_copy(update=overrides)

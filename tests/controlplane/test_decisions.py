@@ -11,6 +11,7 @@ from consumers.controller.registry import WorkerRegistry
 from consumers.controller.state import PartitionState
 from ledgerlm.settings import Settings
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
+from schemas.model_book import ModelBook
 from schemas.registry_events import WorkerHeartbeat
 from schemas.values import TenantLimits
 from tests.factories import make_event
@@ -21,7 +22,8 @@ VERSION = "demo-tiny@1"
 
 def heartbeat(worker_id: str, free_blocks: int = 64, at: datetime = NOW, **fields) -> WorkerHeartbeat:
     return WorkerHeartbeat(worker_id=worker_id, model_versions=(VERSION,), total_blocks=64, free_blocks=free_blocks,
-                           block_size=16, running=0, queued_tokens=0, lease_ms=2000, occurred_at=at, **fields)
+                           block_size=16, running=0, queued_tokens=fields.pop("queued_tokens", 0), lease_ms=2000,
+                           occurred_at=at, **fields)
 
 
 def submit(request_id: str = "r1", tokens: int = 4, max_output: int = 60, tenant: str = "acme", **fields):
@@ -35,7 +37,7 @@ def submit(request_id: str = "r1", tokens: int = 4, max_output: int = 60, tenant
 def world():
     registry = WorkerRegistry()
     limits = {"acme": TenantLimits(max_tokens_in_flight=200, tokens_per_minute=300, max_concurrency=3)}
-    models = {VERSION: make_event("ModelVersionRegistered")}
+    models = ModelBook(versions={VERSION: make_event("ModelVersionRegistered")})
     decider = Decider(Settings(retry_after_ms=1000, max_refusals=2), registry, limits, models, random.Random(7))
     return decider, registry, PartitionState(0)
 
@@ -230,7 +232,9 @@ def test_commands_the_gateway_gave_up_on_are_not_admitted(world):
 def test_batch_work_waiting_for_room_counts_against_queued_tokens(world):
     decider, registry, state = world
     decider.tenants["acme"] = TenantLimits(max_queued_tokens=100)
-    registry.observe(heartbeat("w1", free_blocks=2))  # 32 tokens of room
+    # 32 tokens of room; 20 tokens/s: the 32 missing tokens predict a 1.6 s wait, over the interactive
+    # share of the allowance (0.5 x 2 s) and well within the batch allowance.
+    registry.observe(heartbeat("w1", free_blocks=2, tokens_per_s=20.0))
     interactive = decider.submit(state, submit("i", max_output=60), NOW).replies[0]
     first = decider.submit(state, submit("b1", max_output=60, tier="batch"), NOW)
     second = decider.submit(state, submit("b2", max_output=60, tier="batch"), NOW).replies[0]
@@ -238,3 +242,29 @@ def test_batch_work_waiting_for_room_counts_against_queued_tokens(world):
     assert first.replies[0].http_status == 201 and first.dispatch[0].tier == "batch"
     assert first.changelog[-1].queued_tokens == 64 and state.tenant("acme").queued_tokens == 64
     assert (second.http_status, second.error_code) == (429, "queued_tokens")
+
+
+def test_interactive_request_queues_when_the_predicted_wait_fits_the_allowance_share(world):
+    decider, registry, state = world
+    # An optimistic worker reserves prompt + 32 headroom tokens: 36 of them for this request, 4 more than its
+    # 32 tokens of room; with 100 queued prefill tokens at 200 tokens/s the wait is (100 + 4) / 200 = 0.52 s.
+    registry.observe(heartbeat("w1", free_blocks=2, queued_tokens=100, tokens_per_s=200.0,
+                               reservation="optimistic", headroom_tokens=32))
+    effects = decider.submit(state, submit("q", max_output=60), NOW)
+    assert effects.replies[0].http_status == 201 and effects.dispatch[0].worker_id == "w1"
+    assert effects.changelog[0].queued and state.tenant("acme").queued_tokens == 64
+    # The held reservation is what the worker will take (36 tokens), not the logical 64 of the tenant budget.
+    assert registry.workers["w1"].room_tokens == 32 - 36
+
+
+def test_interactive_request_beyond_the_predicted_wait_is_503_with_a_retry_after_from_the_prediction(world):
+    decider, registry, state = world
+    # 600 queued prefill tokens at 200 tokens/s: a 3 s wait where 1 s is allowed -> retry in about 2 s.
+    registry.observe(heartbeat("w1", free_blocks=64, queued_tokens=600, tokens_per_s=200.0,
+                               reservation="optimistic", headroom_tokens=32))
+    reply = decider.submit(state, submit("late", max_output=60), NOW).replies[0]
+    assert (reply.http_status, reply.error_code) == (503, "no_capacity")
+    assert 2000 <= reply.retry_after_ms <= 3000  # (3.0 - 1.0) s, jittered by up to +50%
+    assert "predicted wait" in reply.reason and not state.tenant("acme").generations
+    batch = decider.submit(state, submit("b", max_output=60, tier="batch"), NOW).replies[0]
+    assert batch.http_status == 201  # the batch tier's allowance (60 s) holds it

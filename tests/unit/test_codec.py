@@ -6,14 +6,14 @@ from schemas import codec
 from schemas.codec import (
     TYPE_REGISTRY, InvalidEvent, MalformedRecord, UnknownEventType, UnsupportedSchemaVersion, decode, encode,
 )
-from schemas.topics import COMMANDS, GENERATIONS, TOPICS, TOKENS
+from schemas.topics import COMMANDS, GENERATIONS, MODELS, TOPICS, TOKENS
 from tests.factories import make_event
 
 EVERY_TYPE = [(topic.name, model.model_fields["type"].default) for topic in TOPICS for model in topic.carries]
 
 
 def test_registry_holds_every_declared_type_once():
-    assert len(TYPE_REGISTRY) == len(EVERY_TYPE) == 26
+    assert len(TYPE_REGISTRY) == len(EVERY_TYPE) == 28
 
 
 @pytest.mark.parametrize(("topic", "type_name"), EVERY_TYPE)
@@ -36,6 +36,23 @@ def test_key_is_the_topic_key_field_and_headers_carry_epoch():
     assert dict(codec.record_headers(event)) == {
         "type": b"TokensEmitted", "generation-id": event.generation_id.encode(), "epoch": b"1"}
     assert codec.record_key(COMMANDS, make_event("SubmitGeneration", tenant_id="acme")) == b"acme"
+
+
+def test_models_records_of_one_version_have_distinct_keys_so_compaction_keeps_each():
+    registered, qualified, alias = (make_event(t) for t in ("ModelVersionRegistered", "ModelQualified",
+                                                            "ModelAliasSet"))
+    qualified = qualified.model_copy(update={"model_version": registered.model_version})
+    assert codec.record_key(MODELS, registered) == registered.model_version.encode()
+    assert codec.record_key(MODELS, qualified) == f"qualified:{registered.model_version}".encode()
+    assert codec.record_key(MODELS, alias) == f"alias:{alias.alias}".encode()
+
+
+@pytest.mark.parametrize(("weights", "alias"), [({}, "canary"), ({"a@1": 0}, "canary"), ({"a@1": -1, "b@1": 2}, "c"),
+                                                ({"a@1": 1}, "has@at"), ({"a@1": 1}, "has space")])
+def test_an_alias_needs_a_positive_weight_and_a_name_without_at(weights, alias):
+    raw = json.loads(encode(make_event("ModelAliasSet")))
+    with pytest.raises(InvalidEvent):
+        decode(MODELS, json.dumps({**raw, "weights": weights, "alias": alias}).encode())
 
 
 @pytest.mark.parametrize(("payload", "error", "fragment"), [
