@@ -26,7 +26,7 @@ from schemas.codec import DecodeError, decode
 from schemas.lifecycle import TERMINAL_TYPES
 from schemas.topics import CONTROL_CHANGELOG, GENERATIONS
 
-TERMINAL_STATUSES = ("completed", "canceled", "interrupted", "expired", "rejected")
+TERMINAL_STATUSES = ("completed", "canceled", "interrupted", "expired", "failed", "rejected")
 
 
 @dataclass(frozen=True)

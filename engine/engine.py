@@ -7,9 +7,15 @@
 Synchronous by design: `abort()` only marks a request, and the mark is
 applied at the start of the next `step()`, so blocks are never freed while a
 forward pass that reads them is in flight. A worker thread drives `step()`.
+
+A step that fails ends only the requests involved, `failed` with their output
+so far: a row that cannot be sampled (non-finite logits) fails its own request;
+an exception from the forward pass, which no row can be blamed for, fails
+every request of that batch. The engine goes on serving the others.
 """
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Callable
@@ -23,12 +29,15 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineError, RequestError
 from engine.kv_cache import KVCacheSpec
 from engine.kv_sizing import KVPoolSize, cpu_pool_bytes, gpu_pool_bytes, mem_available_bytes
+from engine.limits import check_sampling
 from engine.llama import LlamaModel, LlamaWeights
 from engine.model_runner import ModelRunner
 from engine.prefix_hash import compatibility_key, extend_block_hashes
 from engine.request import EngineRequest, EngineStats, FinishReason, RequestOutput
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledChunk, Scheduler
 from engine.sequence import Sequence, SequenceStatus
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -157,14 +166,18 @@ class Engine:
         if sched.is_empty:
             return outputs
 
-        sampled = self.runner.run(sched, self._generators, self._banned_tokens)
+        chunks = (*sched.decodes, *sched.prefills)
+        try:
+            sampled = self.runner.run(sched, self._generators, self._banned_tokens)
+        except Exception as exc:  # the forward pass: no row to blame, so the whole batch fails
+            log.error("engine step failed error=%s requests=%d", type(exc).__name__, len(chunks))
+            return outputs + [self._fail(chunk.seq, type(exc).__name__) for chunk in chunks]
         self.num_computed_tokens_total += sched.num_tokens
         self.num_prefill_tokens_total += sched.num_tokens - len(sched.decodes)
-        for chunk in (*sched.decodes, *sched.prefills):
+        for chunk in chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
             self.blocks.commit_full_blocks(chunk.seq)
-        for chunk, token in sampled:
-            outputs.append(self._append_token(chunk.seq, token))
+        outputs.extend(self._sampled_output(chunk, token) for chunk, token in sampled)
         return outputs
 
     def stats(self) -> EngineStats:
@@ -189,6 +202,27 @@ class Engine:
             return ()
         eos = () if params.ignore_eos else tuple(self.eos_token_ids)
         return (*params.stop_token_ids, *eos)
+
+    def _sampled_output(self, chunk: ScheduledChunk, token: int | None) -> RequestOutput:
+        if token is None:
+            return self._fail(chunk.seq, "no finite distribution to sample from")
+        try:
+            return self._append_token(chunk.seq, token)
+        except Exception as exc:  # stop checks and detokenization of this sequence alone
+            return self._fail(chunk.seq, type(exc).__name__)
+
+    def _fail(self, seq: Sequence, why: str) -> RequestOutput:
+        """End `seq` failed with what it produced so far (text held back for stop strings is dropped)."""
+        log.warning("request failed request=%s output_tokens=%d reason=%s", seq.request_id, seq.num_output_tokens,
+                    why)
+        if seq.status is not SequenceStatus.FINISHED:
+            self.scheduler.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = FinishReason.FAILED
+        self._detok.pop(seq.request_id, None)
+        self._seqs.pop(seq.request_id, None)
+        self._generators.pop(seq.request_id, None)
+        return self._output(seq, (), "", FinishReason.FAILED)
 
     def _append_token(self, seq: Sequence, token: int) -> RequestOutput:
         params = seq.request.params
@@ -239,7 +273,11 @@ class Engine:
             raise RequestError(f"request {rid!r} has an empty prompt")
         vocab = self.artifacts.dims.vocab_size
         if any(not 0 <= t < vocab for t in request.prompt_token_ids):
-            raise RequestError(f"request {rid!r} has token ids outside [0, {vocab})")
+            raise RequestError(f"request {rid!r} has token ids outside [0, {vocab})", field="prompt_token_ids")
+        try:
+            check_sampling(request.params, vocab)
+        except RequestError as exc:
+            raise RequestError(f"request {rid!r}: {exc}", field=exc.field) from None
         total = n + request.params.max_tokens
         if total > self.max_model_len:
             raise RequestError(f"request {rid!r}: {n} prompt + {request.params.max_tokens} output tokens exceed {self.max_model_len}")

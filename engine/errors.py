@@ -19,4 +19,11 @@ class ArtifactError(EngineError):
 
 
 class RequestError(EngineError):
-    """A request is invalid for this engine (too long, bad sampling values, duplicate id)."""
+    """A request is invalid for this engine (too long, bad sampling values, duplicate id).
+
+    `field` names the offending request field (a `SamplingParams` name) when there is one.
+    """
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field

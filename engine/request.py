@@ -1,8 +1,11 @@
 """Values crossing the engine boundary: what callers submit and what `step()` returns."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
+
+from engine.limits import MIN_TEMPERATURE
 
 
 class FinishReason(str, Enum):
@@ -12,11 +15,12 @@ class FinishReason(str, Enum):
     LENGTH = "length"  # max_tokens or the model's context length
     CANCELLED = "cancelled"  # abort() took effect at a step boundary
     EXPIRED = "expired"  # queue deadline passed before the request ever started
+    FAILED = "failed"  # its step failed (non-finite logits, an engine fault); the output so far stands
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Decoding settings for one request. `temperature == 0` means greedy.
+    """Decoding settings for one request. A temperature below `MIN_TEMPERATURE` (0 included) means greedy.
 
     `seed` makes sampling reproducible per request regardless of batch mates.
     Stop strings are removed from the returned text; stop token ids are not
@@ -39,8 +43,8 @@ class SamplingParams:
             raise ValueError("max_tokens must be >= 1")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError("min_tokens must be in [0, max_tokens]")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError("temperature must be finite and >= 0")
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0")
         if not 0.0 < self.top_p <= 1.0:
@@ -50,7 +54,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < MIN_TEMPERATURE
 
 
 @dataclass(frozen=True)

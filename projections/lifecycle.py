@@ -3,7 +3,7 @@
 One projection (one offset) owns every table fed by the lifecycle topic, so a
 seal always sees the watermarks that precede it in the log.
 
-    admitted ──AttemptStarted──► running ──► completed | canceled | interrupted | expired
+    admitted ──AttemptStarted──► running ──► completed | canceled | interrupted | expired | failed
         └──────────────────────────────────► canceled | expired | rejected
 
 The first terminal event wins; a terminal or start event of an older epoch
@@ -20,12 +20,13 @@ from projections.billing import SealInput, seal
 from projections.usage import raise_watermark, record_report, watermark
 from schemas.envelope import Envelope
 from schemas.lifecycle import (
-    Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Interrupted, Rejected, UsageReported,
+    Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Failed, Interrupted, Rejected,
+    UsageReported,
 )
 from schemas.topics import GENERATIONS
 
 TERMINAL_STATUS = {Completed: "completed", Canceled: "canceled", Interrupted: "interrupted",
-                   Expired: "expired", Rejected: "rejected"}
+                   Expired: "expired", Failed: "failed", Rejected: "rejected"}
 FINISHED = tuple(TERMINAL_STATUS.values())
 
 

@@ -63,5 +63,6 @@ class AttemptRefused(Command):
     epoch: int = Field(ge=1)
     worker_id: str = Field(min_length=1)
     reason: str = Field(min_length=1)
-    # The refused order itself, so any controller instance can reroute it without having kept it.
-    attempt: StartAttempt
+    # The refused order itself, so any controller instance can reroute it without having kept it. None when the
+    # order would not fit one record beside the refusal: the controller then rejects the generation.
+    attempt: StartAttempt | None = None

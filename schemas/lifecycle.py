@@ -74,10 +74,22 @@ class Expired(GenerationScoped):
     usage: Usage = Usage()
 
 
+class Failed(GenerationScoped):
+    """The engine could not go on with this attempt (its step failed); billing seals at the output so far.
+
+    `reason` is an error class or kind, never prompt or output text.
+    """
+
+    type: Literal["Failed"] = "Failed"
+    epoch: int = Field(ge=1)
+    usage: Usage
+    reason: str = Field(default="engine-step-failed", min_length=1, max_length=256)
+
+
 class Rejected(GenerationScoped):
     type: Literal["Rejected"] = "Rejected"
     error_code: str = Field(min_length=1)
     reason: str = Field(min_length=1)
 
 
-TERMINAL_TYPES = frozenset({"Completed", "Canceled", "Interrupted", "Expired", "Rejected"})
+TERMINAL_TYPES = frozenset({"Completed", "Canceled", "Interrupted", "Expired", "Failed", "Rejected"})

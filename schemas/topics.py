@@ -25,7 +25,7 @@ from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservatio
 from schemas.dead_letter import DeadLetter
 from schemas.dispatch import CancelAttempt, DrainWorker, StartAttempt
 from schemas.lifecycle import (
-    Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Interrupted, Rejected,
+    Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Failed, Interrupted, Rejected,
     UsageReported,
 )
 from schemas.model_rollout import ModelAliasSet, ModelQualified
@@ -92,7 +92,7 @@ TOPICS: tuple[TopicSpec, ...] = (
               description="Attempts to start or cancel on one worker, and drain orders."),
     TopicSpec(GENERATIONS, "generation_id",
               (Admitted, AttemptStarted, CancelRequested, UsageReported, Completed, Canceled, Interrupted,
-               Expired, Rejected),
+               Expired, Failed, Rejected),
               "delete", -1, min_insync_replicas=2,
               description="Lifecycle and usage watermarks: the billing source of truth."),
     TopicSpec(TOKENS, "generation_id", (TokensEmitted, StreamFinished), "delete", DAY_MS,

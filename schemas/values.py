@@ -10,7 +10,7 @@ from schemas.envelope import Value
 Tier = Literal["interactive", "batch"]
 
 # How a generation ended, as the client sees it (DESIGN.md §4, the stream's final event).
-EndReason = Literal["completed", "output-limit", "canceled", "interrupted", "expired", "rejected"]
+EndReason = Literal["completed", "output-limit", "canceled", "interrupted", "expired", "failed", "rejected"]
 
 
 class SamplingParams(Value):

@@ -10,7 +10,7 @@ from schemas.dead_letter import DeadLetter
 from schemas.dispatch import CancelAttempt, DrainWorker, StartAttempt
 from schemas.envelope import Envelope
 from schemas.lifecycle import (
-    Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Interrupted, Rejected,
+    Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Failed, Interrupted, Rejected,
     UsageReported,
 )
 from schemas.model_rollout import ModelAliasSet, ModelQualified
@@ -70,6 +70,7 @@ def make_event(type_name: str, tenant_id: str | None = None, generation_id: str 
         "Canceled": lambda: Canceled(**scoped, epoch=1, usage=make_usage()),
         "Interrupted": lambda: Interrupted(**scoped, epoch=1, worker_id="worker-a"),
         "Expired": lambda: Expired(**scoped),
+        "Failed": lambda: Failed(**scoped, epoch=1, usage=make_usage(), reason="RuntimeError"),
         "Rejected": lambda: Rejected(**scoped, error_code="no_capacity", reason="no worker could reserve KV"),
         "TokensEmitted": lambda: TokensEmitted(**scoped, epoch=1, seq=1, token_ids=(17, 18),
                                                text_delta="h\u00e9llo \U0001f600", token_count=2),

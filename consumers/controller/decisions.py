@@ -254,16 +254,17 @@ class Decider:
             effects.generations.insert(0, Canceled(**scoped, epoch=gen.epoch))
             return effects
         choice = None
-        if cmd.epoch <= self.settings.max_refusals:
+        if cmd.attempt is not None and cmd.epoch <= self.settings.max_refusals:
             demand = Demand(len(cmd.attempt.input_token_ids), cmd.attempt.max_output_tokens)
             choice = self.registry.choose(gen.model_version or cmd.attempt.model_version, demand,
                                           self.queue_allowance_s(gen.tier), self.settings.worker_decode_tokens_per_s,
                                           now.timestamp(), exclude=frozenset({cmd.worker_id}))
         if choice is None:
+            code, why = ("no_capacity", "no other worker has room") if cmd.attempt is not None else (
+                "attempt_too_large", "the order was too large to hand back for another worker")
             effects = self._end(state, gen, "rejected", now, used_tokens=0)
-            effects.generations.insert(0, Rejected(**scoped, epoch=gen.epoch, error_code="no_capacity",
-                                                   reason=f"worker refused the attempt ({cmd.reason}) and no other "
-                                                          f"worker has room"))
+            effects.generations.insert(0, Rejected(**scoped, epoch=gen.epoch, error_code=code,
+                                                   reason=f"worker refused the attempt ({cmd.reason}); {why}"))
             return effects
         epoch = gen.epoch + 1
         moved = gen.model_copy(update={"epoch": epoch, "worker_id": choice.worker_id})

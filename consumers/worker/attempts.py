@@ -6,8 +6,13 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from engine.request import FinishReason, RequestOutput
+from engine.request import EngineRequest, FinishReason, RequestOutput
+from engine.request import SamplingParams as EngineSampling
+from schemas.codec import encode
+from schemas.commands import AttemptRefused
 from schemas.dispatch import StartAttempt
+from schemas.envelope import Envelope
+from schemas.lifecycle import Canceled, Completed, Expired, Failed
 from schemas.values import Usage
 
 # How an engine finish maps to (lifecycle type, Completed.finish_reason, stream EndReason).
@@ -16,7 +21,46 @@ FINISHES = {
     FinishReason.LENGTH: ("Completed", "length", "output-limit"),
     FinishReason.CANCELLED: ("Canceled", None, "canceled"),
     FinishReason.EXPIRED: ("Expired", None, "expired"),
+    FinishReason.FAILED: ("Failed", None, "failed"),
 }
+
+
+# aiokafka's max_request_size (1 MiB, about the broker's default message.max.bytes too), less room for the key,
+# headers and batch framing: a refusal must always fit one record.
+MAX_REFUSAL_BYTES = 1024 * 1024 - 4096
+
+
+def terminal_event(kind: str, scoped: dict, finish_reason: str | None, usage: Usage) -> Envelope:
+    """The lifecycle event that ends an attempt the engine finished (`FINISHES` names the kind)."""
+    if kind == "Completed":
+        return Completed(**scoped, finish_reason=finish_reason, usage=usage)
+    if kind == "Canceled":
+        return Canceled(**scoped, usage=usage)
+    if kind == "Failed":
+        return Failed(**scoped, usage=usage)
+    return Expired(**scoped, usage=usage)
+
+
+def engine_request(order: StartAttempt, request_id: str, deadline: float) -> EngineRequest:
+    """The engine's request for an order; ValueError for sampling values the engine cannot take."""
+    sampling = order.sampling
+    params = EngineSampling(max_tokens=order.max_output_tokens, temperature=sampling.temperature,
+                            top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
+                            stop_token_ids=sampling.stop_token_ids, stop=sampling.stop,
+                            ignore_eos=sampling.ignore_eos, min_tokens=sampling.min_tokens)
+    return EngineRequest(request_id=request_id, prompt_token_ids=order.input_token_ids, params=params,
+                         tenant_id=order.tenant_id, scope_key=order.tenant_id, deadline=deadline,
+                         batch=order.tier == "batch")
+
+
+def refusal(order: StartAttempt, worker_id: str, reason: str, plane: str | None) -> AttemptRefused:
+    """The order goes back whole, so any controller can reroute it; one too big for a record goes back as
+    ids only (`attempt=None`), and the controller rejects the generation instead."""
+    refused = AttemptRefused(tenant_id=order.tenant_id, generation_id=order.generation_id, epoch=order.epoch,
+                             worker_id=worker_id, reason=reason, attempt=order, plane=plane)
+    if len(encode(refused)) <= MAX_REFUSAL_BYTES:
+        return refused
+    return refused.model_copy(update={"attempt": None})
 
 
 def blocks_for(tokens: int, block_size: int) -> int:

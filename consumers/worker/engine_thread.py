@@ -5,7 +5,10 @@
        └──────── deliver(outputs) (call_soon_threadsafe) ◀┘
 
 Every engine call happens on the engine thread (the engine is not thread
-safe); aborts therefore take effect at the next step boundary.
+safe); aborts therefore take effect at the next step boundary. A failing step
+ends only its requests (`failed`, see engine.engine); should the thread die
+anyway, `alive` turns false and the worker stops (`EngineStopped`), so the
+controller interrupts its attempts instead of routing to a dead engine.
 """
 from __future__ import annotations
 
@@ -39,6 +42,10 @@ def name_native_thread(name: str) -> None:
         pass
 
 
+class EngineStopped(RuntimeError):
+    """The engine thread is gone: the worker must say so and exit."""
+
+
 class EngineThread:
     def __init__(self, engine: Engine, deliver: Deliver, refuse: Refuse, weights: dict[str, float]) -> None:
         self.engine = engine
@@ -53,7 +60,7 @@ class EngineThread:
         # take. Decode-only steps say little about that (a step of 16 decodes costs about what a step of
         # 512 prefill tokens does on a memory-bound CPU), so they are left out.
         self.tokens_per_s: float | None = None
-        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -82,9 +89,18 @@ class EngineThread:
             try:
                 self.engine.add_request(payload)
             except RequestError as exc:
+                self.refuse(payload.request_id, f"engine refused: {exc.field or type(exc).__name__}")
+            except Exception as exc:  # a request the engine's check let through must not end the thread
+                log.error("engine add failed request=%s error=%s", payload.request_id, type(exc).__name__)
                 self.refuse(payload.request_id, f"engine refused: {type(exc).__name__}")
         elif op == "abort":
             self.engine.abort(payload)
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # whatever it was, the worker learns of it through `alive`
+            log.critical("engine thread died error=%s", type(exc).__name__, exc_info=True)
 
     def _measure(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds <= 0:
@@ -106,11 +122,7 @@ class EngineThread:
                 continue
             started, tokens_before = time.perf_counter(), self.engine.num_computed_tokens_total
             prefill_before = self.engine.num_prefill_tokens_total
-            try:
-                outputs = self.engine.step()
-            except Exception:  # a failed step must not leave attempts hanging silently
-                log.exception("engine step failed")
-                raise
+            outputs = self.engine.step()  # a failing step fails its requests, not the thread
             if self.engine.num_prefill_tokens_total > prefill_before:
                 self._measure(self.engine.num_computed_tokens_total - tokens_before, time.perf_counter() - started)
             self.stats = self.engine.stats()

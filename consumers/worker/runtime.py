@@ -13,7 +13,13 @@ grow with its output and, when the pool runs dry, the engine preempts by
 recompute (batch first, then lowest weight, newest first). Full: prompt + max
 output up front, never preempted. An attempt that does not fit yet waits here
 (interactive ahead of batch) until its deadline, then ends `expired`, unbilled.
-Refusals go back to the controller on `llm.commands`.
+Refusals go back to the controller on `llm.commands`; one that cannot be sent
+is given up in the heartbeats (`fenced`) instead, and one dispatch record that
+fails never stops the dispatch loop.
+
+If the engine thread dies, the next heartbeat says `alive=false` and the worker
+exits (`EngineStopped`, a non-zero exit): the controller interrupts its attempts
+at once rather than route to an engine that will never end them.
 """
 from __future__ import annotations
 
@@ -28,18 +34,19 @@ from aiokafka import AIOKafkaConsumer
 from consumers.kafka.clients import make_producer
 from consumers.kafka.clients import partitions_of
 from consumers.kafka.follower import partition_for
-from consumers.worker.attempts import FINISHES, Attempt, blocks_for, monotonic_of
-from consumers.worker.engine_thread import EngineThread
+from consumers.worker.attempts import (
+    FINISHES, Attempt, blocks_for, engine_request, monotonic_of, refusal, terminal_event,
+)
+from consumers.worker.engine_thread import EngineStopped, EngineThread
 from consumers.worker.measure import observe_output
-from engine.request import EngineRequest, RequestOutput
-from engine.request import SamplingParams as EngineSampling
+from engine.request import RequestOutput
 from ledgerlm.settings import Settings
 from ledgerlm.telemetry.metrics import WorkerMetrics
 from ledgerlm.telemetry.server import Readiness, RoleServer
 from schemas.codec import DecodeError, decode, encode, record_headers, record_key
-from schemas.commands import AttemptRefused, ReleaseReservation
+from schemas.commands import ReleaseReservation
 from schemas.dispatch import CancelAttempt, DrainWorker, StartAttempt
-from schemas.lifecycle import AttemptStarted, Canceled, Completed, Expired, UsageReported
+from schemas.lifecycle import AttemptStarted, Canceled, Expired, UsageReported
 from schemas.registry_events import ModelVersionRegistered, WorkerHeartbeat
 from schemas.stream import StreamFinished, TokensEmitted
 from schemas.topics import COMMANDS, DISPATCH, GENERATIONS, TOKENS, WORKERS
@@ -127,7 +134,8 @@ class Worker:
                                total_blocks=self.total_blocks, free_blocks=self.free_blocks,
                                block_size=self.block_size, running=len(self.attempts) + len(self.waiting),
                                queued_tokens=queued,
-                               draining=self.draining, lease_ms=self.settings.lease_ms, alive=alive,
+                               draining=self.draining, lease_ms=self.settings.lease_ms,
+                               alive=alive and (self._thread is None or self._thread.alive),
                                stale_commands=self.stale_commands, plane=self.settings.controller_group,
                                fenced=tuple(f"{g}:{e}" for g, e in sorted(self.self_fenced.items())),
                                reservation=self.engine.config.reservation,
@@ -158,27 +166,22 @@ class Worker:
             log.info("attempt queued generation=%s epoch=%d tier=%s need_blocks=%d free_blocks=%d waiting=%d",
                      order.generation_id, order.epoch, order.tier, need, self.free_blocks, len(self.waiting))
             return
+        request = None
+        if reason is None:
+            remaining_s = (order.deadline_at - datetime.now(UTC)).total_seconds()
+            try:
+                request = engine_request(order, request_id, time.monotonic() + remaining_s)
+            except ValueError:  # values the gateway refuses, arriving through Kafka anyway
+                reason = "invalid-sampling"
         if reason is not None:
             self.metrics.refused.labels(reason=reason).inc()
             log.info("attempt refused generation=%s epoch=%d reason=%s need_blocks=%d free_blocks=%d",
                      order.generation_id, order.epoch, reason, need, self.free_blocks)
-            await (await self.send(COMMANDS, AttemptRefused(
-                tenant_id=order.tenant_id, generation_id=order.generation_id, epoch=order.epoch,
-                worker_id=self.worker_id, reason=reason, attempt=order, plane=self.settings.controller_group)))
+            await self.refuse(order, reason)
             return
         attempt = Attempt(order, need, admitted_at=monotonic_of(order.occurred_at))
         self.attempts[request_id] = attempt
         await self.send(GENERATIONS, AttemptStarted(**attempt.scoped, worker_id=self.worker_id))
-        remaining_s = (order.deadline_at - datetime.now(UTC)).total_seconds()
-        sampling = order.sampling
-        request = EngineRequest(
-            request_id=request_id, prompt_token_ids=order.input_token_ids,
-            params=EngineSampling(max_tokens=order.max_output_tokens, temperature=sampling.temperature,
-                                  top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
-                                  stop_token_ids=sampling.stop_token_ids, stop=sampling.stop,
-                                  ignore_eos=sampling.ignore_eos, min_tokens=sampling.min_tokens),
-            tenant_id=order.tenant_id, scope_key=order.tenant_id, deadline=time.monotonic() + remaining_s,
-            batch=order.tier == "batch")
         self._thread.add(request, order.weight)
         log.info("attempt started generation=%s epoch=%d input_tokens=%d reserved_blocks=%d",
                  order.generation_id, order.epoch, len(order.input_token_ids), need)
@@ -238,14 +241,23 @@ class Worker:
             self.draining = True
             await (await self.send(WORKERS, self.heartbeat()))
 
+    async def refuse(self, order: StartAttempt, reason: str) -> None:
+        """Hand the attempt back to the controller. If that cannot be sent, give it up in the heartbeats
+        (`fenced`), so the controller ends it rather than wait on it forever."""
+        try:
+            await (await self.send(COMMANDS, refusal(order, self.worker_id, reason, self.settings.controller_group)))
+        except Exception as exc:
+            log.error("refusal not sent generation=%s epoch=%d error=%s", order.generation_id, order.epoch,
+                      type(exc).__name__)
+            self.self_fenced[order.generation_id] = order.epoch
+
     def refuse_from_engine(self, request_id: str, reason: str) -> None:
         attempt = self.attempts.pop(request_id, None)
         if attempt is not None:
             self.metrics.refused.labels(reason="engine").inc()
-            asyncio.get_running_loop().create_task(self.send(COMMANDS, AttemptRefused(
-                tenant_id=attempt.start.tenant_id, generation_id=attempt.start.generation_id,
-                epoch=attempt.start.epoch, worker_id=self.worker_id, reason=reason, attempt=attempt.start,
-                plane=self.settings.controller_group)))
+            task = asyncio.get_running_loop().create_task(self.refuse(attempt.start, reason))
+            self._finishing.add(task)  # kept (and awaited at shutdown) like an end
+            task.add_done_callback(self._finishing.discard)
 
     # -- engine outputs ------------------------------------------------------------------------
     async def on_output(self, output: RequestOutput) -> None:
@@ -299,12 +311,7 @@ class Worker:
         kind, finish_reason, end_reason = FINISHES[output.finish_reason]
         usage = attempt.usage
         watermark = UsageReported(**attempt.scoped, report_seq=attempt.next_report(time.monotonic()), usage=usage)
-        if kind == "Completed":
-            terminal = Completed(**attempt.scoped, finish_reason=finish_reason, usage=usage)
-        elif kind == "Canceled":
-            terminal = Canceled(**attempt.scoped, usage=usage)
-        else:
-            terminal = Expired(**attempt.scoped, usage=usage)
+        terminal = terminal_event(kind, attempt.scoped, finish_reason, usage)
         acks = [await self.send(GENERATIONS, watermark), await self.send(GENERATIONS, terminal)]
         await asyncio.gather(*acks)
         await (await self.send(TOKENS, StreamFinished(**attempt.scoped, seq=attempt.next_seq(), reason=end_reason,
@@ -340,7 +347,11 @@ class Worker:
                     except DecodeError as exc:
                         log.warning("undecodable dispatch offset=%d error=%s", record.offset, type(exc).__name__)
                         continue
-                    await self.on_dispatch(event)
+                    try:
+                        await self.on_dispatch(event)
+                    except Exception as exc:  # one order's failure (a send the broker refused) stops no other
+                        log.error("dispatch failed type=%s offset=%d error=%s", event.type, record.offset,
+                                  type(exc).__name__)
 
     def fence_all(self) -> None:
         """No acknowledged heartbeat for a lease: the controller has given our attempts up, so stop them."""
@@ -362,6 +373,8 @@ class Worker:
         # a watermark follow the controller's Interrupted.
         fence_after = max(self.settings.lease_ms / 1000 - interval, interval)
         while True:
+            if not self._thread.alive:
+                raise EngineStopped(f"the engine thread of {self.worker_id} died")
             sent_at = time.monotonic()
             try:
                 await asyncio.wait_for(self.send_heartbeat(), timeout=interval * 2)

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from consumers.kafka.follower import Follower
 from schemas.envelope import Envelope
 from schemas.lifecycle import (
-    Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Interrupted, Rejected, UsageReported,
+    Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Failed, Interrupted, Rejected,
+    UsageReported,
 )
 from schemas.stream import StreamFinished, TokensEmitted
 from schemas.topics import GENERATIONS, TOKENS
@@ -33,9 +34,9 @@ KEEP_ENDED_S = 300.0
 FINAL_GRACE_S = 2.0
 
 STATUS_OF_TERMINAL = {"Completed": "completed", "Canceled": "canceled", "Interrupted": "interrupted",
-                      "Expired": "expired", "Rejected": "rejected"}
+                      "Expired": "expired", "Failed": "failed", "Rejected": "rejected"}
 REASON_OF_TERMINAL = {"Canceled": "canceled", "Interrupted": "interrupted", "Expired": "expired",
-                      "Rejected": "rejected"}
+                      "Failed": "failed", "Rejected": "rejected"}
 
 
 @dataclass
@@ -182,7 +183,7 @@ class StreamBridge:
             self._finish_without_worker(view, "interrupted", "interrupted")
         elif isinstance(event, Rejected):
             self._finish_without_worker(view, "rejected", "final")
-        elif isinstance(event, (Completed, Canceled, Expired)):
+        elif isinstance(event, (Completed, Canceled, Expired, Failed)):
             view.usage[view.current_epoch] = event.usage
 
     def _finish_without_worker(self, view: GenerationView, reason: str, label: str) -> None:

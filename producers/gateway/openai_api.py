@@ -11,7 +11,7 @@ changed body under the same key is a 409. `id` is the generation id, readable
 with `GET /v1/generations/{id}`. `usage` is the billed usage of the final
 stream event. `finish_reason` is "stop" (end token, stop string or stop token)
 or "length"; an end the OpenAI API has no word for keeps the native reason
-("canceled", "interrupted", "expired", "rejected").
+("canceled", "interrupted", "expired", "failed", "rejected").
 
 Errors are OpenAI's `{"error": {message, type, param, code}}` with the native
 statuses (and Retry-After), `code` being the native code. A 409 also says

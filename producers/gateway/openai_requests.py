@@ -12,8 +12,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.limits import MAX_STOP_TOKEN_IDS
 from producers.gateway.errors import ApiError
-from producers.gateway.requests import GenerationRequest, Message
+from producers.gateway.requests import (
+    STOP_DOC, STOP_TOKEN_IDS_DOC, TEMPERATURE_DOC, GenerationRequest, Message, bounded_stop,
+)
 
 # OpenAI's documented default for /v1/completions; chat defaults to the rest of the context.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -78,12 +81,13 @@ class OpenAIRequest(BaseModel):
     model: str = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)  # vLLM: -1 (or 0) disables
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop: str | list[str] | None = Field(default=None, description=STOP_DOC)
+    stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS,
+                                             description=STOP_TOKEN_IDS_DOC)
     stream: bool = False
     stream_options: StreamOptions | None = None
     # "flex" is OpenAI's slower, cheaper processing: the platform's batch tier.
@@ -97,6 +101,8 @@ class OpenAIRequest(BaseModel):
     logit_bias: Any = None
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)
+
+    _bounded_stop = field_validator("stop")(bounded_stop)
 
     @field_validator("stop_token_ids")
     @classmethod

@@ -50,6 +50,21 @@ def payload_hash(version: str, token_ids: tuple[int, ...], max_output_tokens: in
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def vocab_size(registered: ModelVersionRegistered, tokenizer) -> int:
+    """The model's vocabulary as registered (config.json), else the tokenizer's (older registrations)."""
+    registered_size = registered.runtime.get("vocab_size", "")
+    return int(registered_size) if registered_size.isdigit() else len(tokenizer)
+
+
+def check_stop_token_ids(ids: list[int], vocab: int, version: str) -> None:
+    """ApiError 400 naming stopTokenIds for an id the model cannot produce: the engine would refuse it."""
+    outside = next((t for t in ids if not 0 <= t < vocab), None)
+    if outside is not None:
+        raise ApiError(400, "invalid_request",
+                       f"stop token id {outside} is outside the vocabulary of {version}: [0, {vocab})",
+                       {"field": "stopTokenIds", "vocabSize": vocab})
+
+
 @dataclass(frozen=True)
 class ModelTarget:
     """What a request's `model` names: one version, or an alias of versions sharing tokenizer and template."""
@@ -139,6 +154,7 @@ class ModelCatalog:
                            f"{total} tokens exceed the tenant's limit of {max_tokens_per_request} per request",
                            {"field": "maxOutputTokens", "inputTokens": len(token_ids),
                             "limit": max_tokens_per_request})
+        check_stop_token_ids(request.stop_token_ids, vocab_size(target.renderer, tokenizer), target.name)
         sampling = SamplingParams(temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
                                   seed=request.seed, stop=request.stop_strings(),
                                   stop_token_ids=tuple(request.stop_token_ids), ignore_eos=request.ignore_eos,

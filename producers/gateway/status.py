@@ -9,7 +9,7 @@ from __future__ import annotations
 from producers.gateway.bridge import StreamBridge
 from producers.gateway.database import GatewayDatabase
 
-TERMINAL = {"completed", "canceled", "interrupted", "expired", "rejected"}
+TERMINAL = {"completed", "canceled", "interrupted", "expired", "failed", "rejected"}
 
 
 def row_status(row: dict) -> dict:

@@ -86,12 +86,13 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 async def versions(bootstrap, topics, model_dir) -> dict[str, str]:
-    """Registered versions: `served` (shared workers), `drained`/`killable` (one test's own), `idle` (no worker),
+    """Registered versions: `served` (shared workers), `drained`/`killable`/... (one test's own), `idle` (no worker),
     `stable`/`canary` (the same files under two names: an alias's members)."""
     from producers.model_registry import register_model
 
     names = {role: f"cp-{role}-{SESSION}@1"
-             for role in ("served", "drained", "killable", "batch", "coalesced", "idle", "stable", "canary")}
+             for role in ("served", "drained", "killable", "batch", "coalesced", "idle", "stable", "canary",
+                          "failing", "crashing", "refusing")}
     for name in names.values():
         await register_model(bootstrap, model_dir, name)
     return names
@@ -172,7 +173,13 @@ async def engine_artifacts(model_dir):
 
 
 @pytest.fixture(scope="session")
-async def start_worker(bootstrap, cp_settings, versions, engine_artifacts, model_dir):
+def worker_tasks() -> dict:
+    """Worker id -> the task running that worker, for start_worker's workers: a test can see how one ended."""
+    return {}
+
+
+@pytest.fixture(scope="session")
+async def start_worker(bootstrap, cp_settings, versions, engine_artifacts, model_dir, worker_tasks):
     """start_worker(version_role="served", blocks=256) -> a running in-process Worker (stopped at session end).
 
     `version_role` is a role of `versions`, or the name of a version a test registered itself (same weights)."""
@@ -198,6 +205,7 @@ async def start_worker(bootstrap, cp_settings, versions, engine_artifacts, model
         task = asyncio.create_task(worker.run())
         await asyncio.wait_for(worker.ready.wait(), 30)
         running.append((worker, task))
+        worker_tasks[worker.worker_id] = task
         return worker
 
     yield start

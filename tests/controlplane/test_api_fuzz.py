@@ -2,12 +2,14 @@
 
 The gateway runs as `ledgerlm gateway` (uvicorn) in front of the session's controller and worker.
 Every answer must be a status the document lists for the operation; no 5xx but a documented 503;
-every 4xx a JSON body whose message names the problem; nothing may hang (a 15 s client timeout).
+every 4xx a JSON body whose message names the problem; nothing may hang (a 15 s client timeout);
+and the worker behind it still serves afterwards.
 """
 from __future__ import annotations
 
 import asyncio
 import socket
+import uuid
 
 import httpx
 import pytest
@@ -15,6 +17,39 @@ import pytest
 from tests.controlplane.conftest import Process, body
 
 MAX_EXAMPLES = 12  # per operation and mode: 12 operations x 2 modes, bounded well under a minute
+
+# Issue 15's hidden inputs: each passed the gateway's validation and then killed a worker's engine thread or
+# stopped its dispatch loop. (OpenAI field, value, other fields, the field a 400 must name or None: served.)
+HIDDEN_INPUTS = [
+    ("stop_token_ids", [1_000_000_000], {"min_tokens": 1}, "stop_token_ids"),
+    ("temperature", 1e-45, {}, None),  # below MIN_TEMPERATURE: served greedily
+    ("top_p", 1e-12, {"temperature": 1.0}, None),  # the most likely token always stays: greedy
+    ("stop", [f"stop-{i}" for i in range(17)], {}, "stop"),
+    ("stop", ["x" * 300], {}, "stop"),
+    ("stop", ["y" * 1000] * 1000, {}, "stop"),  # about 1 MB, under the 2 MiB body limit
+]
+NATIVE_NAMES = {"stop_token_ids": "stopTokenIds", "min_tokens": "minTokens", "top_p": "topP"}
+GENERATION_ROUTES = ("/v1/generations", "/v1/completions", "/v1/chat/completions")
+
+
+def hidden_body(path: str, model: str, fields: dict) -> dict:
+    """A request carrying `fields` (OpenAI names) on `path`, in that route's own shape."""
+    if path == "/v1/generations":
+        return {"requestId": f"hidden-{uuid.uuid4().hex[:10]}", "model": model, "input": "the water is",
+                "maxOutputTokens": 4, **{NATIVE_NAMES.get(k, k): v for k, v in fields.items()}}
+    prompt = {"prompt": "the water is"} if path == "/v1/completions" else {
+        "messages": [{"role": "user", "content": "the water is"}]}
+    return {"model": model, "max_tokens": 4, **prompt, **fields}
+
+
+def named_field(path: str, response) -> str | None:
+    """The field a 400 names, in OpenAI's terms."""
+    payload = response.json()
+    if path != "/v1/generations":
+        return payload["error"]["param"]
+    details = payload["details"]
+    native = (details.get("fields") or [details.get("field")])[0]
+    return {v: k for k, v in NATIVE_NAMES.items()}.get(native, native)
 
 
 def free_port() -> int:
@@ -67,8 +102,9 @@ def judge(status: int, documented: dict, response) -> str | None:
     return None
 
 
-def fuzz(url: str, headers: dict[str, str]) -> tuple[int, list[str]]:
-    """Run every operation of the document in positive and negative mode; (cases sent, problems found)."""
+def fuzz(url: str, headers: dict[str, str], model: str) -> tuple[int, list[str]]:
+    """Issue 15's hidden inputs as explicit cases, then every operation of the document in positive and
+    negative mode; (cases sent, problems found)."""
     import schemathesis
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis.errors import Unsatisfiable
@@ -81,6 +117,15 @@ def fuzz(url: str, headers: dict[str, str]) -> tuple[int, list[str]]:
     for result in schema.get_all_operations():
         operation = result.ok()
         documented = paths[operation.path][operation.method.lower()]["responses"]
+        if operation.method.lower() == "post" and operation.path in GENERATION_ROUTES:
+            for name, value, others, _ in HIDDEN_INPUTS:
+                case = operation.Case(body=hidden_body(operation.path, model, {name: value, **others}),
+                                      media_type="application/json")
+                sent += 1
+                response = case.call(base_url=url, headers=headers, timeout=15)
+                problem = judge(response.status_code, documented, response)
+                if problem:
+                    problems.append(f"{operation.label} [hidden {name}]: {problem}")
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, derandomize=True,
                       phases=[Phase.generate], suppress_health_check=list(HealthCheck))
@@ -104,10 +149,41 @@ def fuzz(url: str, headers: dict[str, str]) -> tuple[int, list[str]]:
     return sent, problems
 
 
-async def test_the_openapi_document_holds_under_schema_fuzzing(gateway_url, tenants):
-    sent, problems = await asyncio.to_thread(fuzz, gateway_url, tenants["main"].headers)
+async def test_the_openapi_document_holds_under_schema_fuzzing(gateway_url, tenants, versions):
+    sent, problems = await asyncio.to_thread(fuzz, gateway_url, tenants["main"].headers, versions["served"])
     assert sent >= 100
     assert not problems, "\n".join(problems[:20])
+    # Whatever the fuzz sent, the worker behind the gateway still serves.
+    served = await post(gateway_url, "/v1/generations?wait=true", tenants["main"].headers,
+                        json=body(model=versions["served"], maxOutputTokens=4))
+    assert (served.status_code, served.json()["status"]) == (201, "completed"), served.text
+
+
+@pytest.mark.parametrize("path", GENERATION_ROUTES)
+@pytest.mark.parametrize("name, value, others, field", HIDDEN_INPUTS,
+                         ids=["stop-id-outside-vocab", "temperature-1e-45", "top-p-1e-12", "17-stops",
+                              "300-char-stop", "1MB-stops"])
+async def test_hidden_inputs_are_400s_naming_the_field_or_served_greedily(gateway_url, tenants, versions, path,
+                                                                          name, value, others, field):
+    model, headers = versions["served"], tenants["main"].headers
+    route = path + ("?wait=true" if path == "/v1/generations" else "")
+    response = await post(gateway_url, route, headers, json=hidden_body(path, model, {name: value, **others}))
+    if field is not None:
+        assert response.status_code == 400, response.text[:300]
+        assert named_field(path, response) == field, response.text[:300]
+        return
+    greedy = await post(gateway_url, route, headers, json=hidden_body(path, model, {"temperature": 0}))
+    assert response.status_code in (200, 201) and greedy.status_code in (200, 201), response.text[:300]
+    assert output_text(path, response) == output_text(path, greedy)
+
+
+def output_text(path: str, response) -> str:
+    payload = response.json()
+    if path == "/v1/generations":
+        assert payload["status"] == "completed", payload
+        return payload["text"]
+    choice = payload["choices"][0]
+    return choice["text"] if path == "/v1/completions" else choice["message"]["content"]
 
 
 async def post(url: str, path: str, headers: dict, **kwargs) -> httpx.Response:

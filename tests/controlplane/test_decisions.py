@@ -132,6 +132,19 @@ def test_refusal_reroutes_with_a_new_epoch_then_rejects_when_nobody_has_room(wor
     assert state.tenant("acme").tokens_in_flight == 0
 
 
+def test_a_refusal_without_the_order_rejects_at_once_and_releases_the_budget(world):
+    decider, registry, state = world
+    registry.observe(heartbeat("w1"))
+    registry.observe(heartbeat("w2"))
+    start = decider.submit(state, submit(), NOW).dispatch[0]
+    ended = decider.refused(state, AttemptRefused(tenant_id="acme", generation_id=start.generation_id, epoch=1,
+                                                  worker_id=start.worker_id, reason="kv-full"), NOW)
+    (rejected,) = ended.generations
+    assert (rejected.type, rejected.epoch, rejected.error_code) == ("Rejected", 1, "attempt_too_large")
+    assert rejected.reason.startswith("worker refused the attempt (kv-full); ")
+    assert not ended.dispatch and state.tenant("acme").tokens_in_flight == 0
+
+
 def test_release_frees_the_budget_once_and_ignores_stale_epochs(world):
     decider, registry, state = world
     registry.observe(heartbeat("w1"))

@@ -13,7 +13,7 @@ from ledgerlm.settings import Settings
 from projections.lifecycle import LifecycleProjection
 from projections.runtime import Projector
 from projections.stream_buffer import StreamBufferProjection
-from schemas.lifecycle import Admitted, AttemptStarted, Completed, Interrupted, UsageReported
+from schemas.lifecycle import Admitted, AttemptStarted, Completed, Failed, Interrupted, UsageReported
 from schemas.stream import StreamFinished, TokensEmitted
 from schemas.topics import GENERATIONS, TOKENS
 from schemas.values import Usage
@@ -55,6 +55,12 @@ class Gen:
                          finish_reason="stop", occurred_at=self._at(),
                          usage=Usage(processed_input_tokens=input_tokens, cached_input_tokens=16,
                                      generated_output_tokens=output))
+
+    def failed(self, output: int, epoch: int = 1, input_tokens: int = 40) -> Failed:
+        return Failed(tenant_id=self.tenant_id, generation_id=self.generation_id, epoch=epoch,
+                      occurred_at=self._at(), reason="RuntimeError",
+                      usage=Usage(processed_input_tokens=input_tokens, cached_input_tokens=16,
+                                  generated_output_tokens=output))
 
     def interrupted(self, epoch: int = 1) -> Interrupted:
         return Interrupted(tenant_id=self.tenant_id, generation_id=self.generation_id, epoch=epoch,

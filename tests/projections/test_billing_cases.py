@@ -98,3 +98,13 @@ async def test_usage_query_sums_only_the_callers_sealed_hours(gen, emit, project
     assert summary.totals == {"generations": 2, "inputTokens": 80, "cachedInputTokens": 32, "outputTokens": 17}
     assert tenant_usage(conn, gen.tenant_id, start - timedelta(hours=5), start - timedelta(hours=2)).totals[
         "generations"] == 0
+
+
+async def test_a_failed_generation_is_billed_at_its_output_so_far_and_releases_the_rest(gen, emit, project, conn):
+    await emit(gen.admitted(), gen.started(), gen.report(1, 4), gen.failed(6), gen.report(9, 8))
+    await project()
+    assert one(conn, "SELECT status, end_reason FROM generations WHERE generation_id = %s",
+               gen.generation_id) == ("failed", "failed")
+    assert one(conn, BILL, gen.generation_id) == (40, 16, 6, "failed", "final", 240, 240 - 40 - 6)
+    assert all_rows(conn, "SELECT kind, report_seq, generated_output_tokens FROM usage_reconciliation "
+                          "WHERE generation_id = %s", gen.generation_id) == [("post_seal_report", 9, 8)]
