@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from consumers.controller.decisions import Decider, Effects
 from consumers.controller.registry import WorkerRegistry
 from consumers.controller.state import PartitionState
-from consumers.kafka.clients import make_producer, read_to_end
+from consumers.kafka.clients import LONG_POLL_MS, make_producer, read_to_end
 from consumers.kafka.dead_letters import dead_letter_for
 from consumers.kafka.follower import Follower
 from ledgerlm.settings import Settings
@@ -257,7 +257,7 @@ class Controller:
             bootstrap_servers=self.bootstrap, group_id=self.group, client_id="controller",
             enable_auto_commit=False, isolation_level="read_committed",
             auto_offset_reset=self.settings.controller_start, session_timeout_ms=6000,
-            heartbeat_interval_ms=1000, fetch_max_wait_ms=10)
+            heartbeat_interval_ms=1000, fetch_max_wait_ms=LONG_POLL_MS)
         try:
             # Leases are judged against the registry, so it must be current before any check.
             await asyncio.wait_for(follower.caught_up.wait(), timeout=60)

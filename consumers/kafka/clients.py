@@ -13,6 +13,11 @@ from pydantic import BaseModel
 
 from schemas.codec import encode, record_headers, record_key
 
+# How long the broker holds a fetch that finds no new record. A record that arrives meanwhile answers the
+# fetch at once (fetch.min.bytes is 1), so a longer wait costs no latency; a short one only makes idle
+# consumers ask again and again (at 10 ms, 100 fetches a second each: most of an idle stack's CPU).
+LONG_POLL_MS = 500
+
 
 def make_producer(bootstrap: str, transactional_id: str | None = None, client_id: str = "ledgerlm",
                   linger_ms: int = 2) -> AIOKafkaProducer:
@@ -31,7 +36,8 @@ def make_producer(bootstrap: str, transactional_id: str | None = None, client_id
 
 
 def make_consumer(bootstrap: str, *topics: str, group_id: str | None = None,
-                  auto_offset_reset: str = "earliest", client_id: str = "ledgerlm") -> AIOKafkaConsumer:
+                  auto_offset_reset: str = "earliest", client_id: str = "ledgerlm",
+                  fetch_min_bytes: int = 1, fetch_max_wait_ms: int = LONG_POLL_MS) -> AIOKafkaConsumer:
     return AIOKafkaConsumer(
         *topics,
         bootstrap_servers=bootstrap,
@@ -40,6 +46,8 @@ def make_consumer(bootstrap: str, *topics: str, group_id: str | None = None,
         enable_auto_commit=False,
         auto_offset_reset=auto_offset_reset,
         isolation_level="read_committed",
+        fetch_min_bytes=fetch_min_bytes,
+        fetch_max_wait_ms=fetch_max_wait_ms,
     )
 
 

@@ -15,7 +15,7 @@ from typing import Literal
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 
-from consumers.kafka.clients import partitions_of
+from consumers.kafka.clients import LONG_POLL_MS, partitions_of
 from schemas.codec import DecodeError, decode
 from schemas.envelope import Envelope
 
@@ -46,7 +46,7 @@ class Follower:
     async def start(self) -> None:
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, client_id=self.client_id,
                                          enable_auto_commit=False, isolation_level="read_committed",
-                                         fetch_max_wait_ms=100)
+                                         fetch_max_wait_ms=LONG_POLL_MS)
         await self.consumer.start()
         partitions = [tp for topic in self.topics for tp in await partitions_of(self.consumer, topic)]
         self.consumer.assign(partitions)

@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaConsumer
 
-from consumers.kafka.clients import make_producer
+from consumers.kafka.clients import LONG_POLL_MS, make_producer
 from consumers.kafka.clients import partitions_of
 from consumers.kafka.follower import partition_for
 from consumers.worker.attempts import (
@@ -69,7 +69,7 @@ class Worker:
         self.producer = make_producer(bootstrap, client_id=self.worker_id)
         self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, client_id=self.worker_id,
                                          enable_auto_commit=False, isolation_level="read_committed",
-                                         fetch_max_wait_ms=100)
+                                         fetch_max_wait_ms=LONG_POLL_MS)
         self.draining = False
         self.stale_commands = 0
         self.self_fenced: dict[str, int] = {}  # generation id -> epoch, until the controller cancels it
@@ -78,6 +78,7 @@ class Worker:
         self.stopped = asyncio.Event()
         self._thread: EngineThread | None = None
         self._finishing: set[asyncio.Task] = set()
+        self._buffered = asyncio.Event()  # some attempt holds tokens not yet in a stream event
         self.waiting: list[StartAttempt] = []  # batch attempts waiting for KV room, in arrival order
         self._failure: BaseException | None = None
         self.metrics = WorkerMetrics(lambda: self._thread.stats if self._thread else None,
@@ -272,6 +273,7 @@ class Worker:
             return
         if output.new_token_ids or output.text_delta:
             attempt.buffer(output)
+            self._buffered.set()
         now = time.monotonic()
         if output.finished:
             await self.flush(attempt, now)
@@ -299,12 +301,19 @@ class Worker:
         """Buffered tokens of a stream that produced nothing new for a while still go out."""
         interval = max(self.settings.stream_flush_ms, 1) / 1000
         while True:
+            await self._buffered.wait()  # an idle worker does not wake every interval
             await asyncio.sleep(interval)
             now = time.monotonic()
+            waiting = False
             for attempt in list(self.attempts.values()):
-                if not attempt.fenced and not attempt.finishing and attempt.has_pending \
-                        and now - attempt.flushed_at >= interval:
+                if attempt.fenced or attempt.finishing or not attempt.has_pending:
+                    continue
+                if now - attempt.flushed_at >= interval:
                     await self.flush(attempt, now)
+                else:
+                    waiting = True
+            if not waiting:
+                self._buffered.clear()
 
     async def finish(self, attempt: Attempt, output: RequestOutput) -> None:
         """Final watermark and terminal event acknowledged, then the final stream event, then the release."""

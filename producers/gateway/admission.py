@@ -15,7 +15,7 @@ import uuid
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client import Histogram
 
-from consumers.kafka.clients import make_producer, publish
+from consumers.kafka.clients import LONG_POLL_MS, make_producer, publish
 from consumers.kafka.clients import partitions_of
 from consumers.kafka.follower import partition_for
 from schemas.codec import DecodeError, decode
@@ -47,7 +47,7 @@ class AdmissionClient:
         self.producer = make_producer(self.bootstrap, client_id=self.gateway_id, linger_ms=0)
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, client_id=self.gateway_id,
                                          enable_auto_commit=False, isolation_level="read_committed",
-                                         fetch_max_wait_ms=10)
+                                         fetch_max_wait_ms=LONG_POLL_MS)
         await self.producer.start()
         await self.consumer.start()
         partitions = await partitions_of(self.consumer, REPLIES)

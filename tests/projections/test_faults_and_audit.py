@@ -14,7 +14,7 @@ from ledgerlm.settings import Settings
 from projections.audit import audit_replay
 from projections.lifecycle import LifecycleProjection
 from projections.offsets import StaleOffset
-from projections.runtime import Projector
+from projections.runtime import Batch, Projector
 from schemas.topics import GENERATIONS
 from tests.projections.conftest import Gen, one
 
@@ -78,7 +78,7 @@ async def test_a_stale_projector_is_refused_by_compare_and_set(emit, bootstrap, 
         await current.catch_up()  # the new owner applies everything
         tp = next(tp for tp in partitions if current.stored.get(tp) != stale.stored.get(tp))
         with pytest.raises(StaleOffset):
-            stale._commit_batch(LifecycleProjection(), tp, [gen.report(2, 99)], current.stored[tp] + 1)
+            stale._commit_batches([Batch(LifecycleProjection(), tp, current.stored[tp] + 1, [gen.report(2, 99)])])
     finally:
         stale.close()
         current.close()
