@@ -35,6 +35,9 @@ class WorkerHeartbeat(Envelope):
     reservation: Literal["full", "optimistic"] = "full"
     headroom_tokens: int = Field(default=0, ge=0)
     tokens_per_s: float | None = Field(default=None, gt=0)
+    # A step that runs prefill: how long it takes, and how many tokens one step may compute.
+    prefill_step_ms: float | None = Field(default=None, gt=0)
+    max_batched_tokens: int | None = Field(default=None, ge=1)
 
 
 class ModelVersionRegistered(Envelope):

@@ -7,6 +7,7 @@ atomically and refuses when the estimate was wrong (DESIGN.md §4 step 3).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from schemas.registry_events import WorkerHeartbeat
@@ -85,12 +86,21 @@ class WorkerRegistry:
         return now - view.heartbeat.occurred_at.timestamp() <= view.heartbeat.lease_ms / 1000
 
     def predicted_wait_s(self, view: WorkerView, demand: Demand, decode_tokens_per_s: float) -> tuple[float, bool]:
-        """(seconds until this attempt's prefill could start, whether it waits for KV) from the heartbeat:
-        the prefill queued ahead of it, plus the blocks it lacks, processed at the worker's measured rate."""
+        """(seconds until this attempt's prefill could start, whether it waits for KV) from the heartbeat.
+
+        The prompts queued ahead are served up to the per-step token budget at a time, so they take
+        ceil(queued / budget) prefill steps of the measured length; the KV tokens this attempt lacks
+        free up at the measured token rate. A worker that has not measured yet is predicted from
+        `decode_tokens_per_s`.
+        """
         hb = view.heartbeat
         rate = hb.tokens_per_s or decode_tokens_per_s
         deficit = max(0, demand.tokens_on(hb) - view.room_tokens)
-        return (hb.queued_tokens + deficit) / rate, deficit > 0
+        if hb.prefill_step_ms and hb.max_batched_tokens:
+            prefill_s = math.ceil(hb.queued_tokens / hb.max_batched_tokens) * hb.prefill_step_ms / 1000
+        else:
+            prefill_s = hb.queued_tokens / rate
+        return prefill_s + deficit / rate, deficit > 0
 
     def candidates(self, model_version: str, demand: Demand, now: float, exclude: frozenset[str]):
         for worker_id, view in self.workers.items():

@@ -60,6 +60,9 @@ class EngineThread:
         # take. Decode-only steps say little about that (a step of 16 decodes costs about what a step of
         # 512 prefill tokens does on a memory-bound CPU), so they are left out.
         self.tokens_per_s: float | None = None
+        # How long a step that runs prefill takes (smoothed): queued prompts are served up to the per-step
+        # token budget at a time, so ceil(queued / budget) such steps predict their wait.
+        self.prefill_step_s: float | None = None
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> None:
@@ -107,6 +110,7 @@ class EngineThread:
             return
         rate = tokens / seconds
         self.tokens_per_s = rate if self.tokens_per_s is None else 0.8 * self.tokens_per_s + 0.2 * rate
+        self.prefill_step_s = seconds if self.prefill_step_s is None else 0.8 * self.prefill_step_s + 0.2 * seconds
 
     def _loop(self) -> None:
         name_native_thread(self._thread.name)

@@ -141,7 +141,10 @@ class Worker:
                                fenced=tuple(f"{g}:{e}" for g, e in sorted(self.self_fenced.items())),
                                reservation=self.engine.config.reservation,
                                headroom_tokens=self.settings.worker_headroom_tokens if self.optimistic else 0,
-                               tokens_per_s=self._thread.tokens_per_s if self._thread is not None else None)
+                               tokens_per_s=self._thread.tokens_per_s if self._thread is not None else None,
+                               prefill_step_ms=self._thread.prefill_step_s * 1000
+                               if self._thread is not None and self._thread.prefill_step_s else None,
+                               max_batched_tokens=self.engine.config.max_num_batched_tokens)
 
     # -- publishing ------------------------------------------------------------------------
     async def send(self, topic: str, event) -> asyncio.Future:

@@ -268,3 +268,18 @@ def test_interactive_request_beyond_the_predicted_wait_is_503_with_a_retry_after
     assert "predicted wait" in reply.reason and not state.tenant("acme").generations
     batch = decider.submit(state, submit("b", max_output=60, tier="batch"), NOW).replies[0]
     assert batch.http_status == 201  # the batch tier's allowance (60 s) holds it
+
+
+def test_queued_prompts_are_predicted_in_prefill_steps_of_the_token_budget(world):
+    decider, registry, state = world
+    # 300 queued prompt tokens fit one 512-token step of 400 ms: 0.4 s, within the 1 s share.
+    registry.observe(heartbeat("w1", queued_tokens=300, tokens_per_s=50.0, prefill_step_ms=400.0,
+                               max_batched_tokens=512, reservation="optimistic", headroom_tokens=32))
+    assert decider.submit(state, submit("one-step", max_output=60), NOW).replies[0].http_status == 201
+    # 1,100 need three such steps: 1.2 s -> 503, retry once 0.2 s of it has passed (at least 0.25 s).
+    registry.observe(heartbeat("w1", queued_tokens=1100, tokens_per_s=50.0, prefill_step_ms=400.0,
+                               max_batched_tokens=512, reservation="optimistic", headroom_tokens=32,
+                               at=NOW + timedelta(seconds=1)))
+    refused = decider.submit(state, submit("three-steps", max_output=60), NOW + timedelta(seconds=1)).replies[0]
+    assert (refused.http_status, refused.error_code) == (503, "no_capacity")
+    assert 250 <= refused.retry_after_ms <= 375
