@@ -206,7 +206,10 @@ async def run_capacity_bench(model_dir: Path, config: CapacityConfig, workdir: P
     if "engine" in config.servers:
         begun = time.monotonic()
         at = engine_concurrencies(config, runs.get("ledgerlm"))
-        runs["engine"] = await asyncio.to_thread(run_engine, model_dir, prompts, config, at)
+        try:
+            runs["engine"] = await asyncio.to_thread(run_engine, model_dir, prompts, config, at)
+        except Exception as exc:  # the servers' numbers are kept, with the reason the engine has none
+            unavailable["engine"] = f"{type(exc).__name__}: {exc}"
         wall["engine"] = round(time.monotonic() - begun, 1)
     report = assemble(config, model_dir, runs, unavailable, load_start)
     report["server_wall_s"] = wall  # start-up, warm-up and every level of each
