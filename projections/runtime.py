@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 # Projections are read models: a status or resume-buffer read may trail the log by this much, and in
 # exchange every commit carries a batch. (Live streams are served from the gateway's own view.)
 FETCH_GATHER_BYTES = 16 * 1024
-FETCH_GATHER_MS = 100
+FETCH_GATHER_MS = 250
 
 Divert = Callable[[ConsumerRecord], Awaitable[Envelope | None]]
 
@@ -257,7 +257,7 @@ class Projector:
         last_lag = 0.0
         try:
             while not stop.is_set():
-                batches = await consumer.getmany(timeout_ms=200, max_records=self.max_records)
+                batches = await consumer.getmany(timeout_ms=1000, max_records=self.max_records)
                 if batches:
                     await self._apply_polled(consumer, batches)
                 if time.monotonic() - last_lag > lag_every_s and await self._report_lag(consumer):

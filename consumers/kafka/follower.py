@@ -90,7 +90,8 @@ class Follower:
 
     async def run(self) -> None:
         while True:
-            await self.poll_once()
+            # A record ends the wait at once; an idle follower then wakes once a second, not five times.
+            await self.poll_once(timeout_ms=1000)
 
     async def stop(self) -> None:
         if self.consumer is not None:
