@@ -75,10 +75,10 @@ async def test_queued_attempt_past_its_deadline_ends_expired_and_unbilled(gatewa
 async def test_interactive_request_beyond_the_predicted_wait_gets_503_with_retry_after_from_it(
         gateway, controller, tenants, bootstrap, producer, model_dir, cp_settings):
     version = await own_version(bootstrap, model_dir, gateway, "predicted")
-    # A worker whose heartbeat says 3,000 prefill tokens are queued and it computes 1,000 tokens/s:
-    # a 3 s wait, where the interactive share of the allowance is 1 s.
+    # A worker whose heartbeat says 12,000 prefill tokens are queued and it computes 1,000 tokens/s:
+    # a 12 s wait, where the interactive share of the session's allowance is 5 s.
     fake = WorkerHeartbeat(worker_id=f"busy-{SESSION}", model_versions=(version,), total_blocks=1000,
-                           free_blocks=1000, block_size=16, running=8, queued_tokens=3000, lease_ms=60_000,
+                           free_blocks=1000, block_size=16, running=8, queued_tokens=12_000, lease_ms=60_000,
                            plane=cp_settings.controller_group, reservation="optimistic", headroom_tokens=32,
                            tokens_per_s=1000.0)
     await publish(producer, "llm.workers", fake)
@@ -88,12 +88,12 @@ async def test_interactive_request_beyond_the_predicted_wait_gets_503_with_retry
             refused = await gateway.post("/v1/generations", headers=tenants["main"].headers,
                                          json=body(model=version, maxOutputTokens=8))
             if refused.status_code == 503 and "predicted wait" in refused.json()["message"]:
-                if refused.json().get("details", {}).get("retryAfterMs", 0) >= 1500:
+                if refused.json().get("details", {}).get("retryAfterMs", 0) >= 5000:
                     break
             await asyncio.sleep(0.1)
         assert refused.status_code == 503 and refused.json()["code"] == "no_capacity", refused.text
-        # (3 s - 1 s) jittered by up to +50%: 2-3 s, as whole seconds in the header.
-        assert refused.headers["retry-after"] in ("2", "3"), refused.headers
+        # (12 s - 5 s) jittered by up to +50%: 7-10.5 s, as whole seconds in the header.
+        assert 7 <= int(refused.headers["retry-after"]) <= 11, refused.headers
     finally:
         await publish(producer, "llm.workers", fake.model_copy(update={"alive": False}))
 
