@@ -96,3 +96,23 @@ async def test_the_release_is_written_even_when_starting_waiting_attempts_fails_
     releases = await wait_until_found(bootstrap, "llm.commands", since_ms,
                                       lambda e: e.type == "ReleaseReservation" and e.generation_id == gen_id)
     assert [(r.epoch, r.end_reason, r.used_tokens > 4) for r in releases] == [(1, "output-limit", True)]
+
+
+async def test_a_worker_aborts_an_attempt_past_the_maximum_run_time_and_the_controller_ends_it(
+        gateway, start_worker, controller, tenants, model_dir, bootstrap, cp_settings):
+    since_ms = int(time.time() * 1000) - 1000
+    version = await own_version(bootstrap, model_dir, "overdue")
+    worker = await start_worker(version)
+    gen_id = await admit(gateway, tenants["main"].headers, model=version, maxOutputTokens=480)
+    bridge = gateway.gateway.bridge
+    await wait_until(lambda: (v := bridge.view(gen_id)) and len(v.tokens) >= 2, 20, what="first tokens")
+    # As the heartbeat loop would see it once max_attempt_s and a lease have passed (should the controller's
+    # own interruption not have reached the worker).
+    worker.abort_overdue(time.monotonic() + cp_settings.max_attempt_s + cp_settings.lease_ms / 1000 + 1)
+    view = await wait_until(lambda: (v := bridge.view(gen_id)) and v.final and v, 10, what="the end")
+    assert (view.status, view.final.reason) == ("interrupted", "interrupted")
+    (interrupted,) = await read_topic(bootstrap, "llm.generations", since_ms,
+                                      lambda e: e.generation_id == gen_id and e.type == "Interrupted")
+    assert (interrupted.reason, interrupted.worker_id) == ("worker-gave-up", worker.worker_id)
+    await wait_until(lambda: not worker.attempts, 10, what="the attempt to leave the worker")
+    assert worker.engine.stats().num_blocks_used == 0
