@@ -62,6 +62,8 @@ class Settings(BaseSettings):
     max_refusals: int = Field(default=2, ge=0, description="reroutes after worker refusals before Rejected")
     require_qualified: bool = Field(default=False, description="route only to versions whose latest "
                                     "qualification (`models qualify`) passed on their registered content")
+    max_attempt_s: float = Field(default=1800.0, gt=0, description="an attempt running longer than this since "
+                                 "its dispatch is interrupted (reason max-attempt-time), and its worker aborts it")
     generation_deadline_s: float = Field(default=300.0, gt=0, description="an attempt must start within this")
     admission_timeout_ms: int = Field(default=10000, ge=100)
     gateway_host: str = "127.0.0.1"

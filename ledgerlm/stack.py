@@ -5,9 +5,15 @@
     down: stops the role processes `up` started (and the services, if `up` started them)
 
 Role processes run in their own sessions with logs under `<home>/logs`; their
-pids are kept in `<home>/stack.json`. The demo tenant's API key is kept in
-`<home>/demo-tenant.json` (mode 0600): it is shown once by the tenant admin,
-and a local stack needs it again on every `up`.
+pids, and each one's start time (/proc/<pid>/stat field 22), are kept in
+`<home>/stack.json` from the moment each is spawned. A pid alone may name
+another process once ours has exited, so `down` signals a pid only while its
+start time is still the one recorded. `up` that fails part way, or is stopped
+by SIGTERM, SIGHUP or Ctrl-C, stops whatever it had started (up_cmd.py).
+
+The demo tenant's API key is kept in `<home>/demo-tenant.json` (mode 0600):
+it is shown once by the tenant admin, and a local stack needs it again on
+every `up`.
 """
 from __future__ import annotations
 
@@ -18,7 +24,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,6 +35,12 @@ from ledgerlm.settings import REPO_ROOT, Settings
 
 ROLES = ("controller", "worker", "projector", "gateway")
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+class StackStopped(BaseException):
+    """SIGTERM or SIGHUP reached `ledgerlm up` (a BaseException, like Ctrl-C's KeyboardInterrupt, so no
+    `except Exception` on the way swallows it)."""
 
 
 @dataclass
@@ -35,6 +50,7 @@ class Stack:
     tenant_id: str
     model: str
     pids: dict[str, int] = field(default_factory=dict)
+    starts: dict[str, int] = field(default_factory=dict)  # role -> its process's start time (clock ticks)
     logs: dict[str, str] = field(default_factory=dict)
     services_started: bool = False
 
@@ -71,6 +87,39 @@ def alive(pid: int) -> bool:
     return True
 
 
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Stop signals that arrive inside the block are delivered when it ends. (Not by blocking them: a
+    process started inside would inherit the blocked mask and never see SIGTERM.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread; nothing to defer elsewhere
+        return
+    pending: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: pending.append(signum)) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if pending:
+            os.kill(os.getpid(), pending[0])  # to the handlers in place again
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of process `pid` in clock ticks since boot (/proc/<pid>/stat field 22), None if there is
+    no such process. With the pid it names one process: a pid is reused once its process has exited."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])  # fields after "(comm)" start at field 3
+
+
+def is_ours(pid: int, start: int | None) -> bool:
+    """The process `up` started is still running: alive, and started when it was recorded to have started."""
+    return start is not None and alive(pid) and process_start(pid) == start
+
+
 class StackRunner:
     def __init__(self, settings: Settings, model_spec: str = "smollm2-135m-instruct", log=print) -> None:
         self.settings = settings
@@ -86,6 +135,8 @@ class StackRunner:
         local = LocalServices(self.settings)
         before = local.status()
         was_up = before["kafka"]["up"] and before["postgres"]["up"]
+        # Recorded before starting them, so a failure or a signal from here on stops them again.
+        write_stack(self.settings, Stack(gateway="", api_key="", tenant_id="", model="", services_started=not was_up))
         endpoints = local.up()
         runner.upgrade(endpoints.database_url)
 
@@ -123,15 +174,21 @@ class StackRunner:
         return created.tenant_id, created.api_key
 
     # -- processes -----------------------------------------------------------------------------
-    def spawn(self, role: str, args: list[str], env: dict[str, str]) -> tuple[int, Path]:
+    def spawn(self, stack: Stack, role: str, args: list[str], env: dict[str, str]) -> Path:
+        """Start one role in its own session and record it in the state file before anything else can
+        happen: the stop signals wait until it is recorded, so whatever stops `up` stops this role too."""
         logs = self.settings.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         path = logs / f"{role}.log"
-        with path.open("ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "ledgerlm.cli.main", *args], env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                    cwd=REPO_ROOT)
-        return proc.pid, path
+        with signals_deferred():
+            with path.open("ab") as out:
+                proc = subprocess.Popen([sys.executable, "-m", "ledgerlm.cli.main", *args], env=env, stdout=out,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                        cwd=REPO_ROOT)
+            stack.pids[role], stack.logs[role] = proc.pid, str(path)
+            stack.starts[role] = process_start(proc.pid)
+            write_stack(self.settings, stack)
+        return path
 
     @staticmethod
     def wait_for_log(path: Path, fragment: str, offset: int, pid: int, timeout_s: float) -> None:
@@ -146,8 +203,10 @@ class StackRunner:
         raise RuntimeError(f"{path.stem} did not report {fragment!r} (see {path}):\n{tail}")
 
     def up(self) -> Stack:
+        """Start everything, or return the stack a previous `up` runs. On any failure part way (or a stop
+        signal, raised as StackStopped), the caller stops what was started with `down`."""
         existing = read_stack(self.settings)
-        if existing is not None and any(alive(p) for p in existing.pids.values()):
+        if existing is not None and any(is_ours(pid, existing.starts.get(role)) for role, pid in existing.pids.items()):
             return existing
         bootstrap, database_url, started = self.services()
         model = self.model(bootstrap)
@@ -166,11 +225,9 @@ class StackRunner:
             args, ready = commands[role]
             log_path = self.settings.home / "logs" / f"{role}.log"
             offset = log_path.stat().st_size if log_path.exists() else 0
-            pid, path = self.spawn(role, args, env)
-            stack.pids[role], stack.logs[role] = pid, str(path)
-            write_stack(self.settings, stack)
+            path = self.spawn(stack, role, args, env)
             if ready:
-                self.wait_for_log(path, ready, offset, pid, 120)
+                self.wait_for_log(path, ready, offset, stack.pids[role], 120)
         self.wait_for_gateway(stack, 60)
         return stack
 
@@ -233,26 +290,28 @@ def write_stack(settings: Settings, stack: Stack) -> None:
 
 
 def down(settings: Settings, timeout_s: float = 20.0) -> dict[str, bool]:
-    """Stop the role processes (gateway first, controller last); services only if `up` started them."""
+    """Stop the role processes (gateway first, controller last); services only if `up` started them.
+
+    A recorded pid is signalled only while it is still the process `up` started (`is_ours`)."""
     stack = read_stack(settings)
     if stack is None:
         return {}
     stopped = {}
     for role in reversed(ROLES):
-        pid = stack.pids.get(role)
-        if pid is None or not alive(pid):
+        pid, start = stack.pids.get(role), stack.starts.get(role)
+        if pid is None or not is_ours(pid, start):
             stopped[role] = False
             continue
-        os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if alive(pid):
-            os.killpg(pid, signal.SIGKILL)
+        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+            if is_ours(pid, start):
+                os.killpg(pid, sig)  # its session: the role and anything it started
+            deadline = time.monotonic() + wait_s
+            while is_ours(pid, start) and time.monotonic() < deadline:  # (reaps it when it is our child)
+                time.sleep(0.1)
         stopped[role] = True
     if stack.services_started:
         from infra.services import LocalServices
 
         stopped.update(LocalServices(settings).down())
-    stack_file(settings).unlink()
+    stack_file(settings).unlink(missing_ok=True)
     return stopped

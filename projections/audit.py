@@ -29,6 +29,8 @@ from projections.runtime import Projector, connect
 from projections.stream_buffer import StreamBufferProjection
 
 MAX_ROWS_SHOWN = 20
+# Tables shared by every projection (a `projection` column): only the audited projections' rows are compared.
+PER_PROJECTION = ("projection_offsets", "refused_events")
 
 
 @dataclass
@@ -57,7 +59,8 @@ class AuditReport:
 
 async def audit_replay(bootstrap: str, database_url: str, settings: Settings) -> AuditReport:
     projections = all_projections(settings)
-    tables = [t for p in projections for t in p.tables()] + ["projection_offsets"]
+    # refused_events too: a replay refuses the same events for the same reasons, so it must match as well.
+    tables = [t for p in projections for t in p.tables()] + list(PER_PROJECTION)
     tag = uuid.uuid4().hex[:10]
     live, shadow = f"audit_{tag}_live", f"audit_{tag}_shadow"
     try:
@@ -97,7 +100,7 @@ def snapshot_live(database_url: str, copy_schema: str, tables: list[str],
         with conn.transaction():
             conn.execute(f'CREATE SCHEMA "{copy_schema}"')
             for table in tables:
-                where = " WHERE projection = ANY(%s)" if table == "projection_offsets" else ""
+                where = " WHERE projection = ANY(%s)" if table in PER_PROJECTION else ""
                 conn.execute(f'CREATE TABLE "{copy_schema}".{table} AS SELECT * FROM public.{table}{where}',
                              (projections,) if where else None)
             rows = conn.execute("SELECT projection, topic, partition, next_offset FROM public.projection_offsets "

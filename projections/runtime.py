@@ -2,8 +2,9 @@
 
     getmany ──► decode (bad record ─► llm.dlq) ──► [ BEGIN
                                                      projection.apply(rows)
+                                                     refused_events (events the database refused)
                                                      projection_offsets CAS expected -> next
-                                                   COMMIT ]
+                                                   COMMIT ] ──► refused events ─► llm.dlq
 
 A consumer that lost its partition in a rebalance still expects the old
 offset; its compare-and-set matches no row, the transaction rolls back, and
@@ -33,6 +34,7 @@ from ledgerlm.telemetry.metrics import ProjectorMetrics
 from ledgerlm.telemetry.server import Readiness
 from projections.base import Projection
 from projections.offsets import StaleOffset, advance, load_offsets
+from projections.refused import store_refused
 from schemas.codec import DecodeError, decode
 from schemas.envelope import Envelope
 
@@ -160,10 +162,21 @@ class Projector:
             self.stats.applied[name] = self.stats.applied.get(name, 0) + len(item.events) - len(refused)
             for event, reason in refused:
                 self.stats.refused[name] = self.stats.refused.get(name, 0) + 1
-                if self.reject is not None:
-                    await self.reject(item.tp, item.offsets[id(event)], event, reason)
+                await self._dead_letter(item, event, reason)
             if self.on_commit is not None:
                 self.on_commit(name, item.events)
+
+    async def _dead_letter(self, item: Batch, event: Envelope, reason: str) -> None:
+        """Report a refused event (the CLI: to llm.dlq). It is already in `refused_events`, committed with the
+        offset that skips it, so a report that fails loses nothing."""
+        if self.reject is None:
+            return
+        try:
+            await self.reject(item.tp, item.offsets[id(event)], event, reason)
+        except Exception as exc:
+            log.error("refused event not dead-lettered, kept in refused_events projection=%s topic=%s partition=%d "
+                      "offset=%d error=%s", item.projection.name, item.tp.topic, item.tp.partition,
+                      item.offsets[id(event)], type(exc).__name__)
 
     def _commit_batches(self, items: list["Batch"]) -> list[list[tuple[Envelope, str]]]:
         """Apply and advance every batch in one transaction; per batch, the events the database refused.
@@ -174,6 +187,9 @@ class Projector:
             try:
                 with self.conn.transaction():
                     refused = self._apply_grouped(items)
+                    for item, item_refused in zip(items, refused):
+                        store_refused(self.conn, item.projection.name, item.tp,
+                                      [(item.offsets[id(e)], e, reason) for e, reason in item_refused])
                     self._maybe_crash()
                     for item in items:
                         advance(self.conn, item.projection.name, item.tp.topic, item.tp.partition,

@@ -16,6 +16,7 @@ over a tenant's live generations, so a rebuild cannot disagree with them.
 """
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from pydantic import Field
@@ -42,6 +43,9 @@ class IdentityRecorded(TenantScoped):
     input_tokens: int = Field(default=0, ge=0)
     end_reason: str | None = None
     admitted_s: int | None = None  # unix second charged in the token-rate window
+    # When the current epoch's StartAttempt was decided: the attempt's age for the maximum run time, and the
+    # grace a worker has to list an attempt that may still be on its way to it.
+    dispatched_at: datetime | None = None
     queued: bool = False  # routed to wait for KV room on its worker (batch tier): counts as queued work
     plane: str | None = None
 

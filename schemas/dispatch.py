@@ -26,11 +26,20 @@ class StartAttempt(GenerationScoped):
     tier: Tier = "interactive"
 
 
+# CancelAttempt reasons that say the controller has already ended the epoch `Interrupted`: its worker stops
+# the attempt and publishes nothing more for it (no terminal event, no release).
+INTERRUPTIONS = ("lease-expired", "worker-restarted", "attempt-not-listed", "max-attempt-time")
+
+
 class CancelAttempt(GenerationScoped):
     type: Literal["CancelAttempt"] = "CancelAttempt"
     epoch: int = Field(ge=1)
     worker_id: str = Field(min_length=1)
     reason: str = "canceled"
+
+    @property
+    def after_interruption(self) -> bool:
+        return self.reason in INTERRUPTIONS
 
 
 class DrainWorker(Envelope):

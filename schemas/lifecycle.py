@@ -66,6 +66,8 @@ class Interrupted(GenerationScoped):
     type: Literal["Interrupted"] = "Interrupted"
     epoch: int = Field(ge=1)
     worker_id: str = Field(min_length=1)
+    # worker-lease-expired | worker-gave-up | worker-restarted | attempt-not-listed | max-attempt-time
+    # (consumers/controller/leases.py)
     reason: str = "worker-lease-expired"
 
 

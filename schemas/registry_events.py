@@ -38,6 +38,18 @@ class WorkerHeartbeat(Envelope):
     # A step that runs prefill: how long it takes, and how many tokens one step may compute.
     prefill_step_ms: float | None = Field(default=None, gt=0)
     max_batched_tokens: int | None = Field(default=None, ge=1)
+    # A fresh id per worker process: a worker restarted under the same id (as `ledgerlm up` does) is another
+    # incarnation, and whatever the previous one ran is lost. None: a worker from before incarnations.
+    incarnation: str | None = None
+    # "<generation id>:<epoch>" of every attempt the worker holds (running, ending or queued for KV room), so
+    # the controller can interrupt one the worker no longer has. None: not listed (a worker from before the
+    # list, or one holding more than MAX_LISTED_ATTEMPTS): the controller then judges by the lease only.
+    attempts: tuple[str, ...] | None = None
+
+
+# A worker holds at most max_num_seqs running attempts plus its queue; past this the list is left out rather
+# than let a heartbeat grow without bound.
+MAX_LISTED_ATTEMPTS = 1024
 
 
 class ModelVersionRegistered(Envelope):

@@ -8,7 +8,9 @@ offsets. Nothing here touches Kafka, so every rule is testable in memory.
                         | 429 budget | 503 capacity | 201 admitted on one concrete version (an alias: drawn by weight)
     CancelGeneration ─▶ 202 canceling (CancelRequested + CancelAttempt) | 200 finished | 404 unknown
     AttemptRefused   ─▶ StartAttempt(epoch + 1) elsewhere | Rejected
-    ReleaseReservation / lease expiry ─▶ budget released (Interrupted on expiry)
+    ReleaseReservation ─▶ budget released
+    lease check ─▶ Interrupted + budget released: worker silent for a lease, restarted, no longer listing the
+                   attempt, or the attempt past max_attempt_s
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from consumers.controller.leases import interruption
 from consumers.controller.registry import Demand, WorkerRegistry
 from consumers.controller.state import PartitionState, TenantState
 from consumers.controller.versions import VersionPicker, describe
@@ -202,7 +205,8 @@ class Decider:
                                   generation_id=gen_id,
                                   payload_hash=cmd.payload_hash, model_version=version, tier=cmd.tier,
                                   epoch=1, worker_id=worker_id, reserved_tokens=reserved,
-                                  input_tokens=len(cmd.input_token_ids), admitted_s=now_s, queued=queued)
+                                  input_tokens=len(cmd.input_token_ids), admitted_s=now_s, queued=queued,
+                                  dispatched_at=now)
         state.record(record)
         self.registry.hold(worker_id, gen_id, Demand(len(cmd.input_token_ids), cmd.max_output_tokens),
                            now.timestamp())
@@ -267,7 +271,7 @@ class Decider:
                                                    reason=f"worker refused the attempt ({cmd.reason}); {why}"))
             return effects
         epoch = gen.epoch + 1
-        moved = gen.model_copy(update={"epoch": epoch, "worker_id": choice.worker_id})
+        moved = gen.model_copy(update={"epoch": epoch, "worker_id": choice.worker_id, "dispatched_at": now})
         state.record(moved)
         self.registry.hold(choice.worker_id, gen.generation_id, demand, now.timestamp())
         start = cmd.attempt.model_copy(update={"epoch": epoch, "worker_id": choice.worker_id,
@@ -283,16 +287,17 @@ class Decider:
 
     # -- lease expiry ----------------------------------------------------------------
     def expire_leases(self, state: PartitionState, now: datetime) -> Effects:
-        """Interrupted(epoch) for every live attempt whose worker's lease ran out, or that its worker says it
-        self-fenced. No new attempt."""
+        """Interrupted(epoch) for every live attempt its worker no longer runs (leases.interruption names why).
+        No new attempt."""
         effects = Effects()
         for gen in list(state.live()):
-            if gen.worker_id is None or (self.registry.is_live(gen.worker_id, now.timestamp())
-                                         and not self.registry.has_fenced(gen.worker_id, gen.generation_id, gen.epoch)):
+            reason = interruption(self.registry, gen, now, self.settings.max_attempt_s)
+            if reason is None:
                 continue
             scoped = {"tenant_id": gen.tenant_id, "generation_id": gen.generation_id, "epoch": gen.epoch}
-            effects.generations.append(Interrupted(**scoped, worker_id=gen.worker_id))
-            # Should the worker be a zombie that still runs, this stops it.
-            effects.dispatch.append(CancelAttempt(**scoped, worker_id=gen.worker_id, reason="lease-expired"))
+            effects.generations.append(Interrupted(**scoped, worker_id=gen.worker_id, reason=reason))
+            # Should the worker be a zombie that still runs it, this stops it.
+            cancel_reason = "lease-expired" if reason in ("worker-lease-expired", "worker-gave-up") else reason
+            effects.dispatch.append(CancelAttempt(**scoped, worker_id=gen.worker_id, reason=cancel_reason))
             effects.extend(self._end(state, gen, "interrupted", now))
         return effects

@@ -4,6 +4,13 @@ A heartbeat is up to one interval old, so capacity the controller handed out
 since then is held as `pending` and subtracted until a heartbeat sent well
 after the dispatch has had the chance to count it. The worker still reserves
 atomically and refuses when the estimate was wrong (DESIGN.md §4 step 3).
+
+Heartbeats also list the attempts a worker holds, under an incarnation id
+that is new with every process. An attempt is lost (`lost_reason`) when an
+earlier incarnation listed it (the worker restarted under the same id), or
+when the worker's heartbeats have not listed it for a lease since it was
+dispatched or last listed: a dispatch still on its way, or a release sent
+just before the heartbeat that no longer lists the attempt, stay within it.
 """
 from __future__ import annotations
 
@@ -14,6 +21,9 @@ from schemas.registry_events import WorkerHeartbeat
 
 # A dispatch is assumed to be reflected by heartbeats sent this long after it.
 PENDING_GRACE_S = 0.5
+# How long a listing is remembered once heartbeats stop naming the attempt: far beyond any lease, so the
+# memory stays bounded by what workers ran recently.
+LISTED_MEMORY_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,21 @@ class WorkerChoice:
 class WorkerView:
     heartbeat: WorkerHeartbeat
     pending: dict[str, tuple[int, float]] = field(default_factory=dict)  # generation id -> (tokens, at)
+    # "<generation id>:<epoch>" -> send time of the latest heartbeat of this incarnation that listed it
+    listed: dict[str, float] = field(default_factory=dict)
+    # attempts an earlier incarnation listed: the restart lost them (until the controller ends them)
+    lost: set[str] = field(default_factory=set)
+
+    def observe_listing(self, heartbeat: WorkerHeartbeat) -> None:
+        if heartbeat.incarnation != self.heartbeat.incarnation:
+            self.lost |= set(self.listed)
+            self.listed = {}
+        sent = heartbeat.occurred_at.timestamp()
+        for key in heartbeat.attempts or ():
+            self.listed[key] = sent
+            self.lost.discard(key)
+        for key in [k for k, at in self.listed.items() if at < sent - LISTED_MEMORY_S]:
+            del self.listed[key]
 
     @property
     def capacity_tokens(self) -> int:
@@ -69,6 +94,7 @@ class WorkerRegistry:
         if view is None or heartbeat.occurred_at >= view.heartbeat.occurred_at:
             if view is None:
                 view = self.workers[heartbeat.worker_id] = WorkerView(heartbeat)
+            view.observe_listing(heartbeat)
             view.heartbeat = heartbeat
             sent = heartbeat.occurred_at.timestamp()
             for gen_id in [g for g, (_, at) in view.pending.items() if at < sent - PENDING_GRACE_S]:
@@ -78,6 +104,27 @@ class WorkerRegistry:
         """The worker's latest heartbeat says it gave this attempt up (self-fenced)."""
         view = self.workers.get(worker_id)
         return view is not None and f"{generation_id}:{epoch}" in view.heartbeat.fenced
+
+    def lost_reason(self, worker_id: str, generation_id: str, epoch: int | None,
+                    dispatched_at: float | None) -> str | None:
+        """Why the worker no longer holds this attempt, from its heartbeats (None: it holds it, or cannot tell).
+
+        `worker-restarted`: an earlier incarnation of the worker listed it. `attempt-not-listed`: the latest
+        heartbeat, sent more than a lease after the attempt's dispatch (unix seconds) and after its last
+        listing, does not list it."""
+        view = self.workers.get(worker_id)
+        if view is None:
+            return None
+        key = f"{generation_id}:{epoch}"
+        if key in view.lost:
+            return "worker-restarted"
+        hb = view.heartbeat
+        if hb.attempts is None or key in hb.attempts:
+            return None
+        since = max(view.listed.get(key, float("-inf")), dispatched_at if dispatched_at is not None else float("-inf"))
+        if since == float("-inf"):
+            return None  # dispatched before the controller recorded dispatch times, never listed: the lease decides
+        return "attempt-not-listed" if hb.occurred_at.timestamp() - since > hb.lease_ms / 1000 else None
 
     def is_live(self, worker_id: str, now: float) -> bool:
         view = self.workers.get(worker_id)
@@ -143,3 +190,4 @@ class WorkerRegistry:
         view = self.workers.get(worker_id) if worker_id else None
         if view is not None:
             view.pending.pop(generation_id, None)
+            view.lost = {key for key in view.lost if key.rsplit(":", 1)[0] != generation_id}

@@ -4,7 +4,8 @@
                               └▶ transactional producer "<group>-p<p>" (init fences any previous owner)
     batch of commands[p] ─▶ Decider ─▶ one transaction: lifecycle + dispatch + replies + changelog[p]
                                                        + consumed offsets of commands[p]
-    every lease_check_interval ─▶ Interrupted for attempts of dead workers, per partition, transactional
+    every lease_check_interval ─▶ Interrupted for attempts their workers lost (leases.py), per partition,
+                                  transactional
 
 State is mutated before the commit; if a transaction fails the process stops
 (rather than continue with state the log does not hold), and the next owner
@@ -233,8 +234,8 @@ class Controller:
                     await self.write(producer, p, effects)
                 self.metrics.interrupted.inc(len(effects.generations))
                 for event in effects.generations:
-                    log.warning("attempt interrupted generation=%s epoch=%s worker=%s", event.generation_id,
-                                event.epoch, getattr(event, "worker_id", None))
+                    log.warning("attempt interrupted generation=%s epoch=%s worker=%s reason=%s", event.generation_id,
+                                event.epoch, getattr(event, "worker_id", None), getattr(event, "reason", None))
 
     async def _check_co_partitioning(self, follower: Follower) -> None:
         """Changelog records go to the partition number of their command: both topics need equal counts."""

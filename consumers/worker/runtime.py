@@ -4,7 +4,8 @@
                                           ─▶ CancelAttempt(epoch) / DrainWorker
     engine thread outputs ─▶ TokensEmitted (seq from 1) and UsageReported every N tokens / T ms
     end ─▶ final UsageReported + terminal event, acknowledged ─▶ StreamFinished ─▶ ReleaseReservation
-    every heartbeat interval ─▶ WorkerHeartbeat; no acknowledged heartbeat for a lease ─▶ self-fence
+    every heartbeat interval ─▶ WorkerHeartbeat (incarnation, attempts held); no acknowledged heartbeat for
+                                a lease ─▶ self-fence; an attempt past max_attempt_s + a lease ─▶ given up
 
 Reservation is worker-side accounting over the whole block pool. Optimistic
 (the default): an attempt is accepted when its prompt plus a headroom fits
@@ -15,7 +16,11 @@ output up front, never preempted. An attempt that does not fit yet waits here
 (interactive ahead of batch) until its deadline, then ends `expired`, unbilled.
 Refusals go back to the controller on `llm.commands`; one that cannot be sent
 is given up in the heartbeats (`fenced`) instead, and one dispatch record that
-fails never stops the dispatch loop.
+fails never stops the dispatch loop. So is an attempt whose AttemptStarted,
+stream event or watermark was not delivered (sends.py), and one whose end
+could not be written: the controller then ends it Interrupted and releases
+its budget. Heartbeats list every attempt held under this process's
+incarnation id, so a restart under the same worker id loses nothing silently.
 
 If the engine thread dies, the next heartbeat says `alive=false` and the worker
 exits (`EngineStopped`, a non-zero exit): the controller interrupts its attempts
@@ -37,8 +42,12 @@ from consumers.kafka.follower import partition_for
 from consumers.worker.attempts import (
     FINISHES, Attempt, blocks_for, engine_request, monotonic_of, refusal, terminal_event,
 )
-from consumers.worker.engine_thread import EngineStopped, EngineThread
+from consumers.worker.engine_setup import engine_config, load_engine  # noqa: F401 -- callers import them here
+from consumers.worker.engine_thread import EngineThread
+from consumers.worker.heartbeats import heartbeat_loop, heartbeat_of
 from consumers.worker.measure import observe_output
+from consumers.worker.sends import acked, watched
+from consumers.worker.waiting import WaitingQueue
 from engine.request import RequestOutput
 from ledgerlm.settings import Settings
 from ledgerlm.telemetry.metrics import WorkerMetrics
@@ -61,6 +70,7 @@ class Worker:
         self.bootstrap = bootstrap
         self.model = model
         self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:8]}"
+        self.incarnation = uuid.uuid4().hex  # this process: a restart under the same id is another incarnation
         self.engine = engine
         self.block_size = engine.config.block_size
         self.total_blocks = engine.stats().num_blocks_total
@@ -79,7 +89,7 @@ class Worker:
         self._thread: EngineThread | None = None
         self._finishing: set[asyncio.Task] = set()
         self._buffered = asyncio.Event()  # some attempt holds tokens not yet in a stream event
-        self.waiting: list[StartAttempt] = []  # batch attempts waiting for KV room, in arrival order
+        self.waiting = WaitingQueue()  # accepted attempts waiting for KV room
         self._failure: BaseException | None = None
         self.metrics = WorkerMetrics(lambda: self._thread.stats if self._thread else None,
                                      lambda: self.reserved_blocks, lambda: self.block_size)
@@ -121,35 +131,28 @@ class Worker:
             output = min(output, self.settings.worker_headroom_tokens)
         return blocks_for(len(order.input_token_ids) + output, self.block_size)
 
-    def enqueue(self, order: StartAttempt) -> None:
-        """Wait for room: interactive attempts ahead of batch ones, each tier in arrival order."""
-        at = len(self.waiting)
-        if order.tier != "batch":
-            at = next((i for i, o in enumerate(self.waiting) if o.tier == "batch"), at)
-        self.waiting.insert(at, order)
-
     def heartbeat(self, alive: bool = True) -> WorkerHeartbeat:
-        queued = sum(len(a.start.input_token_ids) for a in self.attempts.values() if not a.started_output) + sum(
-            len(o.input_token_ids) for o in self.waiting)
-        return WorkerHeartbeat(worker_id=self.worker_id, model_versions=(self.model.model_version,),
-                               total_blocks=self.total_blocks, free_blocks=self.free_blocks,
-                               block_size=self.block_size, running=len(self.attempts) + len(self.waiting),
-                               queued_tokens=queued,
-                               draining=self.draining, lease_ms=self.settings.lease_ms,
-                               alive=alive and (self._thread is None or self._thread.alive),
-                               stale_commands=self.stale_commands, plane=self.settings.controller_group,
-                               fenced=tuple(f"{g}:{e}" for g, e in sorted(self.self_fenced.items())),
-                               reservation=self.engine.config.reservation,
-                               headroom_tokens=self.settings.worker_headroom_tokens if self.optimistic else 0,
-                               tokens_per_s=self._thread.tokens_per_s if self._thread is not None else None,
-                               prefill_step_ms=self._thread.prefill_step_s * 1000
-                               if self._thread is not None and self._thread.prefill_step_s else None,
-                               max_batched_tokens=self.engine.config.max_num_batched_tokens)
+        return heartbeat_of(self, alive)
 
     # -- publishing ------------------------------------------------------------------------
     async def send(self, topic: str, event) -> asyncio.Future:
         return await self.producer.send(topic, value=encode(event), key=record_key(topic, event),
                                         headers=record_headers(event))
+
+    async def send_for(self, attempt: Attempt, topic: str, event) -> None:
+        """A record of a running attempt, watched: if it is not delivered, the attempt is given up."""
+        await watched(self.send, topic, event, lambda exc: self.give_up(attempt, f"undelivered {event.type}", exc))
+
+    def give_up(self, attempt: Attempt, why: str, exc: BaseException | None = None) -> None:
+        """Stop a running attempt and name it in the heartbeats (`fenced`): the controller ends it Interrupted at
+        its last delivered watermark and releases its budget. An attempt already ending writes its own end."""
+        if attempt.fenced or attempt.finishing:
+            return
+        log.error("attempt given up generation=%s epoch=%d why=%s error=%s", attempt.start.generation_id,
+                  attempt.start.epoch, why, type(exc).__name__ if exc else None)
+        attempt.fenced = True
+        self.self_fenced[attempt.start.generation_id] = attempt.start.epoch
+        self._thread.abort(attempt.request_id)
 
     # -- dispatch ----------------------------------------------------------------------------
     async def on_start(self, order: StartAttempt, accepted: bool = False) -> None:
@@ -158,7 +161,7 @@ class Worker:
         if request_id in self.attempts:
             return  # a redelivered order for an attempt already running here
         need = self.blocks_needed(order)
-        if any(o.generation_id == order.generation_id and o.epoch == order.epoch for o in self.waiting):
+        if self.waiting.find(order.generation_id, order.epoch) is not None:
             return
         if order.deadline_at <= datetime.now(UTC):
             await self.end_unstarted(order, "expired")  # arrived (or was queued) past the time it had to start
@@ -166,7 +169,7 @@ class Worker:
         reason = "draining" if self.draining and not accepted else ("kv-full" if need > self.free_blocks else None)
         if reason == "kv-full" and need <= self.total_blocks - self.watermark_blocks:
             # Routed here on the controller's predicted wait: it starts when running work frees room.
-            self.enqueue(order)
+            self.waiting.add(order)
             log.info("attempt queued generation=%s epoch=%d tier=%s need_blocks=%d free_blocks=%d waiting=%d",
                      order.generation_id, order.epoch, order.tier, need, self.free_blocks, len(self.waiting))
             return
@@ -185,28 +188,37 @@ class Worker:
             return
         attempt = Attempt(order, need, admitted_at=monotonic_of(order.occurred_at))
         self.attempts[request_id] = attempt
-        await self.send(GENERATIONS, AttemptStarted(**attempt.scoped, worker_id=self.worker_id))
+        # Watched, not awaited: the projection's attempts table and billing need it, the first token does not.
+        await self.send_for(attempt, GENERATIONS, AttemptStarted(**attempt.scoped, worker_id=self.worker_id))
+        if attempt.fenced:  # the send failed at once: given up before it ran
+            self.attempts.pop(request_id, None)
+            return
         self._thread.add(request, order.weight)
         log.info("attempt started generation=%s epoch=%d input_tokens=%d reserved_blocks=%d",
                  order.generation_id, order.epoch, len(order.input_token_ids), need)
 
     async def start_waiting(self) -> None:
         """End queued attempts whose deadline passed, then start them in queue order while they fit."""
-        now = datetime.now(UTC)
-        for order in [o for o in self.waiting if o.deadline_at <= now]:
-            self.waiting.remove(order)
+        for order in self.waiting.take_expired(datetime.now(UTC)):
             await self.end_unstarted(order, "expired")
-        while self.waiting and self.blocks_needed(self.waiting[0]) <= self.free_blocks:
-            await self.on_start(self.waiting.pop(0), accepted=True)
+        while self.waiting.head is not None and self.blocks_needed(self.waiting.head) <= self.free_blocks:
+            await self.on_start(self.waiting.pop_head(), accepted=True)
 
     async def end_unstarted(self, order: StartAttempt, reason: str) -> None:
-        """End an attempt that never reached the engine: terminal event, final stream event, release."""
+        """End an attempt that never reached the engine: terminal event, final stream event, release. If that
+        cannot be written, it is given up in the heartbeats (`fenced`) for the controller to end."""
         scoped = {"tenant_id": order.tenant_id, "generation_id": order.generation_id, "epoch": order.epoch}
         terminal = Expired(**scoped) if reason == "expired" else Canceled(**scoped)
-        await (await self.send(GENERATIONS, terminal))
-        await (await self.send(TOKENS, StreamFinished(**scoped, seq=1, reason=reason, usage=terminal.usage)))
-        await (await self.send(COMMANDS, ReleaseReservation(**scoped, used_tokens=0, end_reason=reason,
-                                                            plane=self.settings.controller_group)))
+        try:
+            await acked(self.send, GENERATIONS, terminal)
+            await acked(self.send, TOKENS, StreamFinished(**scoped, seq=1, reason=reason, usage=terminal.usage))
+            await acked(self.send, COMMANDS, ReleaseReservation(**scoped, used_tokens=0, end_reason=reason,
+                                                                plane=self.settings.controller_group))
+        except Exception as exc:
+            log.error("queued attempt end not written generation=%s epoch=%d reason=%s error=%s",
+                      order.generation_id, order.epoch, reason, type(exc).__name__)
+            self.self_fenced[order.generation_id] = order.epoch
+            return
         log.info("queued attempt ended generation=%s epoch=%d reason=%s", order.generation_id, order.epoch, reason)
 
     def find(self, generation_id: str) -> Attempt | None:
@@ -215,11 +227,9 @@ class Worker:
     async def on_cancel(self, order: CancelAttempt) -> None:
         if self.self_fenced.get(order.generation_id) == order.epoch:
             del self.self_fenced[order.generation_id]  # the controller ended it: no need to say so any more
-        queued = next((o for o in self.waiting if o.generation_id == order.generation_id and o.epoch == order.epoch),
-                       None)
+        queued = self.waiting.take(order.generation_id, order.epoch)
         if queued is not None:
-            self.waiting.remove(queued)
-            if order.reason != "lease-expired":
+            if not order.after_interruption:
                 await self.end_unstarted(queued, "canceled")
             return
         attempt = self.find(order.generation_id)
@@ -229,7 +239,7 @@ class Worker:
                         order.epoch, attempt.start.epoch if attempt else None)
             return
         attempt.cancel_ordered_at = monotonic_of(order.occurred_at)
-        if order.reason == "lease-expired":
+        if order.after_interruption:
             attempt.fenced = True  # the controller already ended this epoch as Interrupted
         self._thread.abort(attempt.request_id)
 
@@ -243,13 +253,13 @@ class Worker:
         elif isinstance(event, DrainWorker):
             log.info("draining worker=%s running=%d", self.worker_id, len(self.attempts))
             self.draining = True
-            await (await self.send(WORKERS, self.heartbeat()))
+            await acked(self.send, WORKERS, self.heartbeat())
 
     async def refuse(self, order: StartAttempt, reason: str) -> None:
         """Hand the attempt back to the controller. If that cannot be sent, give it up in the heartbeats
         (`fenced`), so the controller ends it rather than wait on it forever."""
         try:
-            await (await self.send(COMMANDS, refusal(order, self.worker_id, reason, self.settings.controller_group)))
+            await acked(self.send, COMMANDS, refusal(order, self.worker_id, reason, self.settings.controller_group))
         except Exception as exc:
             log.error("refusal not sent generation=%s epoch=%d error=%s", order.generation_id, order.epoch,
                       type(exc).__name__)
@@ -290,15 +300,15 @@ class Worker:
             await self.flush(attempt, now)  # the first token goes out at once: it is the TTFT
         if attempt.report_due(self.settings.usage_report_tokens, self.settings.usage_report_ms, now):
             await self.flush(attempt, now)  # a watermark never counts tokens the stream has not carried
-            await self.send(GENERATIONS, UsageReported(**attempt.scoped, report_seq=attempt.next_report(now),
-                                                       usage=attempt.usage))
+            await self.send_for(attempt, GENERATIONS, UsageReported(
+                **attempt.scoped, report_seq=attempt.next_report(now), usage=attempt.usage))
 
     async def flush(self, attempt: Attempt, now: float) -> None:
         """One stream event for the tokens buffered since the last one."""
         if attempt.has_pending:
             token_ids, text, count = attempt.take_pending(now)
-            await self.send(TOKENS, TokensEmitted(**attempt.scoped, seq=attempt.next_seq(), token_ids=token_ids,
-                                                  text_delta=text, token_count=count))
+            await self.send_for(attempt, TOKENS, TokensEmitted(
+                **attempt.scoped, seq=attempt.next_seq(), token_ids=token_ids, text_delta=text, token_count=count))
 
     async def _flusher(self) -> None:
         """Buffered tokens of a stream that produced nothing new for a while still go out."""
@@ -319,22 +329,30 @@ class Worker:
                 self._buffered.clear()
 
     async def finish(self, attempt: Attempt, output: RequestOutput) -> None:
-        """Final watermark and terminal event acknowledged, then the final stream event, then the release."""
+        """Final watermark and terminal event acknowledged, then the final stream event, then the release;
+        only then does the attempt leave the heartbeats' list and its room go to waiting attempts. If any of
+        it cannot be written, the attempt is given up (`fenced`): the controller ends it and releases."""
         kind, finish_reason, end_reason = FINISHES[output.finish_reason]
         usage = attempt.usage
         watermark = UsageReported(**attempt.scoped, report_seq=attempt.next_report(time.monotonic()), usage=usage)
         terminal = terminal_event(kind, attempt.scoped, finish_reason, usage)
-        acks = [await self.send(GENERATIONS, watermark), await self.send(GENERATIONS, terminal)]
-        await asyncio.gather(*acks)
-        await (await self.send(TOKENS, StreamFinished(**attempt.scoped, seq=attempt.next_seq(), reason=end_reason,
-                                                      usage=usage)))
-        self.attempts.pop(attempt.request_id, None)
+        try:
+            await asyncio.gather(*[await self.send(GENERATIONS, watermark), await self.send(GENERATIONS, terminal)])
+            await acked(self.send, TOKENS, StreamFinished(**attempt.scoped, seq=attempt.next_seq(), reason=end_reason,
+                                                          usage=usage))
+            await acked(self.send, COMMANDS, ReleaseReservation(
+                **attempt.scoped, used_tokens=attempt.used_tokens, end_reason=end_reason,
+                plane=self.settings.controller_group))
+        except Exception as exc:
+            log.error("attempt end not written generation=%s epoch=%d reason=%s error=%s",
+                      attempt.start.generation_id, attempt.start.epoch, end_reason, type(exc).__name__)
+            self.self_fenced[attempt.start.generation_id] = attempt.start.epoch
+        else:
+            log.info("attempt ended generation=%s epoch=%d reason=%s output_tokens=%d", attempt.start.generation_id,
+                     attempt.start.epoch, end_reason, usage.generated_output_tokens)
+        finally:
+            self.attempts.pop(attempt.request_id, None)
         await self.start_waiting()
-        await (await self.send(COMMANDS, ReleaseReservation(
-            tenant_id=attempt.start.tenant_id, generation_id=attempt.start.generation_id, epoch=attempt.start.epoch,
-            used_tokens=attempt.used_tokens, end_reason=end_reason, plane=self.settings.controller_group)))
-        log.info("attempt ended generation=%s epoch=%d reason=%s output_tokens=%d", attempt.start.generation_id,
-                 attempt.start.epoch, end_reason, usage.generated_output_tokens)
 
     def _finished(self, task: asyncio.Task) -> None:
         self._finishing.discard(task)
@@ -365,6 +383,14 @@ class Worker:
                         log.error("dispatch failed type=%s offset=%d error=%s", event.type, record.offset,
                                   type(exc).__name__)
 
+    def abort_overdue(self, now: float) -> None:
+        """Attempts past the controller's maximum run time (and a lease more, so its Interrupted normally comes
+        first with its reason): given up even when the controller's cancel does not arrive."""
+        limit = self.settings.max_attempt_s + self.settings.lease_ms / 1000
+        for attempt in list(self.attempts.values()):
+            if now - attempt.admitted_at > limit:
+                self.give_up(attempt, "max-attempt-time")
+
     def fence_all(self) -> None:
         """No acknowledged heartbeat for a lease: the controller has given our attempts up, so stop them."""
         self.waiting.clear()
@@ -375,31 +401,12 @@ class Worker:
                 self._thread.abort(attempt.request_id)
         log.error("self-fenced worker=%s attempts=%d", self.worker_id, len(self.attempts))
 
-    async def send_heartbeat(self) -> None:
-        await (await self.send(WORKERS, self.heartbeat()))
+    @property
+    def has_ends_in_flight(self) -> bool:
+        return bool(self._finishing)
 
-    async def _heartbeats(self) -> None:
-        interval = self.settings.heartbeat_interval_ms / 1000
-        # Fence one check early: the controller counts the lease from the heartbeat, not from our
-        # acknowledgement of it, and this loop only looks every `interval`. Fencing late would let
-        # a watermark follow the controller's Interrupted.
-        fence_after = max(self.settings.lease_ms / 1000 - interval, interval)
-        while True:
-            if not self._thread.alive:
-                raise EngineStopped(f"the engine thread of {self.worker_id} died")
-            sent_at = time.monotonic()
-            try:
-                await asyncio.wait_for(self.send_heartbeat(), timeout=interval * 2)
-                self.last_heartbeat_ok = sent_at
-            except Exception as exc:  # the broker may be away; the lease decides what that means
-                log.warning("heartbeat failed worker=%s error=%s", self.worker_id, type(exc).__name__)
-            if time.monotonic() - self.last_heartbeat_ok > fence_after:
-                self.fence_all()
-            if self.waiting:
-                await self.start_waiting()  # deadlines pass even when nothing finishes
-            if self.draining and not self.attempts and not self._finishing and not self.waiting:
-                return
-            await asyncio.sleep(interval)
+    async def send_heartbeat(self) -> None:
+        await acked(self.send, WORKERS, self.heartbeat())
 
     async def run(self) -> None:
         await self.http.start()  # first: a taken port fails the start before anything else runs
@@ -419,7 +426,7 @@ class Worker:
                  asyncio.create_task(self._read_dispatch(), name="worker-dispatch")]
         if self.settings.stream_flush_ms > 0:
             tasks.append(asyncio.create_task(self._flusher(), name="worker-flush"))
-        heartbeats = asyncio.create_task(self._heartbeats(), name="worker-heartbeat")
+        heartbeats = asyncio.create_task(heartbeat_loop(self), name="worker-heartbeat")
         self.ready.set()
         log.info("worker ready worker=%s model=%s blocks=%d", self.worker_id, self.model.model_version,
                  self.total_blocks)
@@ -444,35 +451,3 @@ class Worker:
             await self.consumer.stop()
             await self.producer.stop()
             self.stopped.set()
-
-
-def engine_config(settings: Settings, checksums=None, weights: dict[str, float] | None = None):
-    """The worker's engine settings: pool size (`auto` or bytes), reservation policy, limits."""
-    from engine.config import EngineConfig
-    from engine.kv_sizing import MemoryPolicy, parse_bytes
-
-    return EngineConfig(kv_cache_bytes=parse_bytes(settings.worker_kv_cache_bytes),
-                        reservation=settings.worker_reservation, max_num_seqs=settings.worker_max_num_seqs,
-                        max_model_len=settings.worker_max_model_len, device=settings.worker_device,
-                        tenant_weights=weights if weights is not None else {}, expected_checksums=checksums,
-                        memory=MemoryPolicy(gpu_fraction=settings.worker_memory_fraction,
-                                            cpu_share=settings.worker_cpu_kv_share,
-                                            cpu_cap_bytes=settings.worker_cpu_kv_cap_bytes))
-
-
-def load_engine(settings: Settings, model: ModelVersionRegistered, model_dir: str | None = None,
-                weights: dict[str, float] | None = None):
-    """The engine for a registered version; the files must match the registered checksums.
-
-    Refuses (EngineError) a pool that cannot hold one request of the engine's max_model_len.
-    """
-    from engine.engine import Engine
-    from engine.kv_sizing import check_holds_one_request
-
-    engine = Engine(model_dir or model.source_uri, engine_config(settings, model.checksums, weights))
-    check_holds_one_request(engine.kv_spec.num_blocks, engine.config.block_size, engine.max_model_len,
-                            engine.kv_size.how)
-    log.info("kv pool bytes=%d blocks=%d tokens=%d how=%s", engine.kv_spec.num_blocks * engine.config.block_size
-             * engine.kv_spec.bytes_per_token, engine.kv_spec.num_blocks,
-             engine.kv_spec.num_blocks * engine.config.block_size, engine.kv_size.how)
-    return engine

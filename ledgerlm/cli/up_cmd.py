@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 
@@ -25,24 +26,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from ledgerlm.stack import DEMO_QUESTION, StackRunner, demo_generation, down
+    """Start the stack and serve until Ctrl-C, SIGTERM or SIGHUP (or return at once with --detach); whatever
+    stops it, and any failure part way through start-up, stops everything this `up` started."""
+    from infra.errors import InfraError
+    from ledgerlm.stack import StackStopped, down
 
     settings = Settings()
+    keep = False
+
+    def stop(signum, _frame):
+        raise StackStopped(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous[signal.SIGINT] = signal.getsignal(signal.SIGINT)  # Ctrl-C stays KeyboardInterrupt
+    try:
+        keep = serve(args, settings)
+        return 0
+    except (KeyboardInterrupt, StackStopped) as exc:
+        print(f"\nstopping ({exc or 'SIGINT'})", file=sys.stderr)
+        return 0
+    except (RuntimeError, InfraError) as exc:
+        raise CliError(f"{exc} (logs: {settings.home / 'logs'})") from None
+    finally:
+        if not keep:
+            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # a second signal must not cut `down` short
+                signal.signal(sig, signal.SIG_IGN)
+            down(settings)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def serve(args: argparse.Namespace, settings: Settings) -> bool:
+    """Start, answer the demo question, then wait until the stack is stopped; True: leave it running (--detach)."""
+    from ledgerlm.stack import DEMO_QUESTION, StackRunner, demo_generation, read_stack
+
     quiet = args.json
     log = (lambda msg: print(msg, file=sys.stderr)) if quiet else print
-    try:
-        stack = StackRunner(settings, args.model, log).up()
-    except RuntimeError as exc:
-        raise CliError(str(exc)) from None
+    stack = StackRunner(settings, args.model, log).up()
     write = None if quiet else (lambda text: print(text, end="", flush=True))
     if not quiet:
         print(f"gateway {stack.gateway}  model {stack.model}  tenant {stack.tenant_id}")
         print(f"demo question: {DEMO_QUESTION}")
         print("answer: ", end="", flush=True)
-    try:
-        final = demo_generation(stack, write)
-    except RuntimeError as exc:
-        raise CliError(f"{exc} (logs: {settings.home / 'logs'})") from None
+    final = demo_generation(stack, write)
     if args.json:
         print(json.dumps(stack.summary()))
     else:
@@ -50,16 +76,11 @@ def run_up(args: argparse.Namespace) -> int:
         print(f"API key: {stack.api_key}")
         print(f"pids: {stack.pids}")
     if args.detach:
-        return 0
-    print("serving; Ctrl-C stops everything", file=sys.stderr)
-    try:
-        while True:
-            time.sleep(1)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        down(settings)
-    return 0
+        return True
+    print("serving; Ctrl-C stops everything", file=sys.stderr, flush=True)
+    while read_stack(settings) is not None:  # a `ledgerlm down` elsewhere ends this wait too
+        time.sleep(1)
+    return False
 
 
 def run_down(args: argparse.Namespace) -> int:

@@ -10,8 +10,8 @@ from migrations import runner
 from projections.offsets import StaleOffset, advance, load_offsets
 
 TABLES = {"alembic_version", "api_keys", "attempts", "billing_ledger", "generations", "model_versions",
-          "projection_offsets", "stream_events", "stream_progress", "tenant_usage_hourly", "tenants", "usage_reconciliation",
-          "usage_reports", "usage_watermarks"}
+          "projection_offsets", "refused_events", "stream_events", "stream_progress", "tenant_usage_hourly", "tenants",
+          "usage_reconciliation", "usage_reports", "usage_watermarks"}
 
 
 def tables(url: str) -> set[str]:
@@ -28,7 +28,7 @@ def test_upgrade_downgrade_upgrade(scratch_database):
     runner.upgrade(scratch_database)
     assert tables(scratch_database) == TABLES
     with psycopg.connect(scratch_database) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0002",)
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0003",)
 
 
 def test_migration_into_a_named_schema_leaves_public_alone(scratch_database):

@@ -8,12 +8,13 @@ import uuid
 import psycopg
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaConnectionError
 
 from consumers.kafka.clients import make_producer, publish
 from ledgerlm.settings import Settings
 from projections.audit import audit_replay
 from projections.lifecycle import LifecycleProjection
-from projections.offsets import StaleOffset
+from projections.offsets import StaleOffset, load_offsets
 from projections.runtime import Batch, Projector
 from schemas.topics import GENERATIONS
 from tests.projections.conftest import Gen, one
@@ -234,3 +235,30 @@ async def test_an_event_the_database_refuses_is_skipped_and_reported(emit, boots
     with psycopg.connect(scratch_database_url) as conn:
         assert one(conn, WATERMARK, gen.generation_id) == (5, 1)
         assert one(conn, "SELECT count(*) FROM generations WHERE generation_id = %s", gen.generation_id) == (0,)
+
+
+async def test_a_refused_seal_is_kept_in_postgres_when_its_dead_letter_cannot_be_published(
+        emit, bootstrap, scratch_database_url):
+    gen = Gen(tenant_id="refuse-kept", generation_id=f"gen-{uuid.uuid4().hex[:12]}")
+    await start_at_log_end(bootstrap, scratch_database_url, LifecycleProjection())
+    seal = gen.completed(2**63)  # beyond bigint: the database refuses the terminal event
+    await emit(gen.admitted(), gen.report(1, 5), seal)
+
+    async def dead_letter_queue_unreachable(tp, offset, event, reason):  # fault injection: the publish fails
+        raise KafkaConnectionError("simulated")
+
+    projector = Projector(bootstrap, scratch_database_url, [LifecycleProjection()],
+                          reject=dead_letter_queue_unreachable)
+    try:
+        stats = await projector.catch_up()
+    finally:
+        projector.close()
+    assert stats.refused == {"generations": 1}
+    with psycopg.connect(scratch_database_url) as conn:
+        kept = conn.execute("SELECT event_type, split_part(reason, ':', 1), event->>'generation_id', event_id, topic, "
+                            "partition, \"offset\" FROM refused_events WHERE projection = 'generations'").fetchall()
+        assert [row[:5] for row in kept] == [("Completed", "NumericValueOutOfRange", gen.generation_id,
+                                              seal.event_id, GENERATIONS)]
+        partition, offset = kept[0][5:]
+        assert load_offsets(conn, "generations", GENERATIONS)[partition] > offset  # skipped in the same commit
+        assert one(conn, "SELECT status FROM generations WHERE generation_id = %s", gen.generation_id) == ("admitted",)

@@ -1,0 +1,73 @@
+"""A worker's heartbeats: capacity, load and every attempt it holds, sent every interval; a worker that
+cannot send them for a lease fences itself, since the controller has given its attempts up by then."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from consumers.worker.engine_thread import EngineStopped
+from schemas.registry_events import MAX_LISTED_ATTEMPTS, WorkerHeartbeat
+
+if TYPE_CHECKING:
+    from consumers.worker.runtime import Worker
+
+log = logging.getLogger(__name__)
+
+
+def held(worker: "Worker") -> tuple[str, ...] | None:
+    """"<generation>:<epoch>" of every attempt the worker holds (running, ending, waiting for room), or None
+    past MAX_LISTED_ATTEMPTS. An attempt leaves the list once its release is acknowledged (or it was given
+    up, when `fenced` names it instead)."""
+    listed = [f"{a.start.generation_id}:{a.start.epoch}" for a in worker.attempts.values() if not a.fenced]
+    listed += [f"{o.generation_id}:{o.epoch}" for o in worker.waiting]
+    return tuple(listed) if len(listed) <= MAX_LISTED_ATTEMPTS else None
+
+
+def heartbeat_of(worker: "Worker", alive: bool = True) -> WorkerHeartbeat:
+    thread = worker._thread  # noqa: SLF001 -- the worker's engine thread, read for its liveness and rate
+    queued = sum(len(a.start.input_token_ids) for a in worker.attempts.values() if not a.started_output)
+    settings = worker.settings
+    return WorkerHeartbeat(worker_id=worker.worker_id, model_versions=(worker.model.model_version,),
+                           total_blocks=worker.total_blocks, free_blocks=worker.free_blocks,
+                           block_size=worker.block_size, running=len(worker.attempts) + len(worker.waiting),
+                           queued_tokens=queued + worker.waiting.queued_tokens,
+                           draining=worker.draining, lease_ms=settings.lease_ms,
+                           alive=alive and (thread is None or thread.alive),
+                           stale_commands=worker.stale_commands, plane=settings.controller_group,
+                           fenced=tuple(f"{g}:{e}" for g, e in sorted(worker.self_fenced.items())),
+                           reservation=worker.engine.config.reservation,
+                           headroom_tokens=settings.worker_headroom_tokens if worker.optimistic else 0,
+                           tokens_per_s=thread.tokens_per_s if thread is not None else None,
+                           prefill_step_ms=thread.prefill_step_s * 1000
+                           if thread is not None and thread.prefill_step_s else None,
+                           max_batched_tokens=worker.engine.config.max_num_batched_tokens,
+                           incarnation=worker.incarnation, attempts=held(worker))
+
+
+async def heartbeat_loop(worker: "Worker") -> None:
+    """Until a drain has ended every attempt: heartbeat, self-fence after a lease without an acknowledged one,
+    give up attempts past their maximum run time, end or start waiting attempts."""
+    interval = worker.settings.heartbeat_interval_ms / 1000
+    # Fence one check early: the controller counts the lease from the heartbeat, not from our
+    # acknowledgement of it, and this loop only looks every `interval`. Fencing late would let
+    # a watermark follow the controller's Interrupted.
+    fence_after = max(worker.settings.lease_ms / 1000 - interval, interval)
+    while True:
+        if not worker._thread.alive:  # noqa: SLF001
+            raise EngineStopped(f"the engine thread of {worker.worker_id} died")
+        sent_at = time.monotonic()
+        try:
+            await asyncio.wait_for(worker.send_heartbeat(), timeout=interval * 2)
+            worker.last_heartbeat_ok = sent_at
+        except Exception as exc:  # the broker may be away; the lease decides what that means
+            log.warning("heartbeat failed worker=%s error=%s", worker.worker_id, type(exc).__name__)
+        if time.monotonic() - worker.last_heartbeat_ok > fence_after:
+            worker.fence_all()
+        worker.abort_overdue(time.monotonic())
+        if worker.waiting:
+            await worker.start_waiting()  # deadlines pass even when nothing finishes
+        if worker.draining and not worker.attempts and not worker.has_ends_in_flight and not worker.waiting:
+            return
+        await asyncio.sleep(interval)

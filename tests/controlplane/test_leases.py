@@ -1,0 +1,59 @@
+"""Which attempts the controller interrupts (issue 15, finding 3): a worker restarted under the same id, an
+attempt its worker no longer lists, an attempt past the maximum run time. In memory, like test_decisions."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from tests.controlplane.test_decisions import NOW, heartbeat, submit, world  # noqa: F401 -- `world` is a fixture
+
+
+def at(seconds: float):
+    return NOW + timedelta(seconds=seconds)
+
+
+def test_a_worker_restarted_under_its_id_within_the_lease_has_its_earlier_attempts_interrupted(world):
+    decider, registry, state = world
+    registry.observe(heartbeat("w1", incarnation="first", attempts=()))
+    gen_id = decider.submit(state, submit(), NOW).replies[0].generation_id
+    registry.observe(heartbeat("w1", at=at(0.5), incarnation="first", attempts=(f"{gen_id}:1",)))
+    assert not decider.expire_leases(state, at(0.6))
+    # Restarted at once under the same id: the lease never lapsed, and the new process knows nothing of it.
+    registry.observe(heartbeat("w1", at=at(1.0), incarnation="second", attempts=()))
+    effects = decider.expire_leases(state, at(1.1))
+    (interrupted,), (cancel,) = effects.generations, effects.dispatch
+    assert (interrupted.type, interrupted.epoch, interrupted.worker_id, interrupted.reason) == (
+        "Interrupted", 1, "w1", "worker-restarted")
+    assert (cancel.reason, cancel.after_interruption) == ("worker-restarted", True)
+    assert state.find("acme", gen_id).end_reason == "interrupted" and state.tenant("acme").concurrency == 0
+    assert not decider.expire_leases(state, at(1.2)) and not registry.workers["w1"].lost
+
+
+def test_an_attempt_its_worker_stops_listing_is_interrupted_after_a_lease_but_not_while_its_dispatch_is_in_flight(
+        world):
+    decider, registry, state = world
+    registry.observe(heartbeat("w1", incarnation="only", attempts=()))
+    gen_id = decider.submit(state, submit(), NOW).replies[0].generation_id
+    held = (f"{gen_id}:1",)
+    registry.observe(heartbeat("w1", at=at(1.5), incarnation="only", attempts=()))  # the order is on its way
+    assert not decider.expire_leases(state, at(1.6))
+    registry.observe(heartbeat("w1", at=at(1.8), incarnation="only", attempts=held))
+    registry.observe(heartbeat("w1", at=at(3.0), incarnation="only", attempts=()))  # its release may be on its way
+    assert not decider.expire_leases(state, at(3.1))
+    registry.observe(heartbeat("w1", at=at(3.9), incarnation="only", attempts=()))  # unlisted for over a lease (2 s)
+    (interrupted,) = decider.expire_leases(state, at(4.0)).generations
+    assert (interrupted.epoch, interrupted.reason) == (1, "attempt-not-listed")
+    assert state.tenant("acme").concurrency == 0
+
+
+def test_an_attempt_running_past_the_maximum_run_time_is_interrupted_while_its_worker_lists_it(world):
+    decider, registry, state = world
+    decider.settings = decider.settings.model_copy(update={"max_attempt_s": 60.0})
+    registry.observe(heartbeat("w1", incarnation="only", attempts=()))
+    gen_id = decider.submit(state, submit(), NOW).replies[0].generation_id
+    registry.observe(heartbeat("w1", at=at(59), incarnation="only", attempts=(f"{gen_id}:1",)))
+    assert not decider.expire_leases(state, at(59.5))
+    registry.observe(heartbeat("w1", at=at(60.5), incarnation="only", attempts=(f"{gen_id}:1",)))
+    effects = decider.expire_leases(state, at(60.6))
+    (interrupted,), (cancel,) = effects.generations, effects.dispatch
+    assert (interrupted.reason, cancel.reason, cancel.worker_id) == ("max-attempt-time", "max-attempt-time", "w1")
+    assert state.tenant("acme").tokens_in_flight == 0
