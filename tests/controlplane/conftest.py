@@ -257,6 +257,17 @@ def parse_sse(text: str) -> list[tuple[str, dict]]:
     return events
 
 
+async def own_version(bootstrap, model_dir, gateway, role: str) -> str:
+    """A version only this test's workers serve: no other test's requests reach them, nor theirs its own
+    (workers started by a test run until the session ends)."""
+    from producers.model_registry import register_model
+
+    version = f"cp-{role}-{SESSION}@1"
+    await register_model(bootstrap, model_dir, version)
+    await wait_until(lambda: version in gateway.gateway.catalog.versions, 10, what="the gateway to see it")
+    return version
+
+
 async def wait_until(predicate, timeout_s: float, step_s: float = 0.02, what: str = "condition"):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

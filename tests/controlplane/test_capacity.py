@@ -11,17 +11,7 @@ from consumers.worker.attempts import blocks_for
 from schemas.dispatch import StartAttempt
 from schemas.registry_events import WorkerHeartbeat
 from schemas.values import SamplingParams
-from tests.controlplane.conftest import SESSION, body, read_topic, wait_until
-
-
-async def own_version(bootstrap, model_dir, gateway, role: str) -> str:
-    """A version only this test's worker serves, so no other test's requests reach it (nor its theirs)."""
-    from producers.model_registry import register_model
-
-    version = f"cp-{role}-{SESSION}@1"
-    await register_model(bootstrap, model_dir, version)
-    await wait_until(lambda: version in gateway.gateway.catalog.versions, 10, what="the gateway to see it")
-    return version
+from tests.controlplane.conftest import SESSION, body, own_version, read_topic, wait_until
 
 
 async def test_optimistic_attempt_reserves_prompt_plus_headroom_then_grows_and_finishes(
@@ -56,8 +46,10 @@ async def test_queued_attempt_past_its_deadline_ends_expired_and_unbilled(gatewa
     order = StartAttempt(tenant_id=tenants["main"].tenant_id, generation_id=gen_id, epoch=1,
                          worker_id=small.worker_id, model_version=version,
                          input_token_ids=tuple(range(10, 30)), max_output_tokens=100, sampling=SamplingParams(),
-                         weight=1.0, deadline_at=datetime.now(UTC) + timedelta(seconds=0.5), tier="interactive")
-    await publish(producer, "llm.dispatch", order)  # 8 blocks needed, 6 free: it waits, then expires
+                         weight=1.0, deadline_at=datetime.now(UTC) + timedelta(seconds=0.2), tier="interactive")
+    # 8 blocks needed, 6 free: it waits, then expires (or, delivered late, expires on arrival) long before
+    # the 400-token attempt ahead of it frees its blocks.
+    await publish(producer, "llm.dispatch", order)
     terminal = await wait_until_found(bootstrap, "llm.generations", since_ms,
                                       lambda e: e.type == "Expired" and e.generation_id == gen_id)
     assert terminal.usage.generated_output_tokens == 0 and terminal.usage.processed_input_tokens == 0

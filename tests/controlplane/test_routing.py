@@ -7,15 +7,16 @@ from datetime import UTC, datetime, timedelta
 
 from consumers.kafka.clients import publish
 from schemas.dispatch import DrainWorker, StartAttempt
-from tests.controlplane.conftest import body, read_topic, wait_until
+from tests.controlplane.conftest import own_version, body, read_topic, wait_until
 from tests.controlplane.test_metrics import scrape, value
 
 
 async def test_two_workers_share_load_and_a_draining_one_gets_no_new_work(
-        gateway, start_worker, controller, tenants, versions, producer):
+        gateway, start_worker, controller, tenants, producer, bootstrap, model_dir):
     live_url = await controller.metrics_url()
     live_before = value(await scrape(live_url), "ledgerlm:workers_live")
-    first, second = await start_worker("drained"), await start_worker("drained")
+    version = await own_version(bootstrap, model_dir, gateway, "shared")
+    first, second = await start_worker(version), await start_worker(version)
     # Both must be in the controller's registry before the first decision, or one gets all the work.
     deadline = asyncio.get_running_loop().time() + 15
     while value(await scrape(live_url), "ledgerlm:workers_live") < live_before + 2:
@@ -25,7 +26,7 @@ async def test_two_workers_share_load_and_a_draining_one_gets_no_new_work(
 
     async def run(n: int, tokens: int) -> list[str]:
         responses = await asyncio.gather(*[
-            gateway.post("/v1/generations", headers=headers, json=body(model=versions["drained"],
+            gateway.post("/v1/generations", headers=headers, json=body(model=version,
                                                                        maxOutputTokens=tokens))
             for _ in range(n)])
         assert [r.status_code for r in responses] == [201] * n
