@@ -6,13 +6,15 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from engine.request import EngineRequest, FinishReason, RequestOutput
+from engine.request import EngineRequest, FinishReason, RequestOutput, StructuredOutput
 from engine.request import SamplingParams as EngineSampling
+from engine.request import TokenLogprob as EngineLogprob
 from schemas.codec import encode
 from schemas.commands import AttemptRefused
 from schemas.dispatch import StartAttempt
 from schemas.envelope import Envelope
 from schemas.lifecycle import Canceled, Completed, Expired, Failed
+from schemas.stream import TokenLogprob
 from schemas.values import Usage
 
 # How an engine finish maps to (lifecycle type, Completed.finish_reason, stream EndReason).
@@ -28,6 +30,9 @@ FINISHES = {
 # aiokafka's max_request_size (1 MiB, about the broker's default message.max.bytes too), less room for the key,
 # headers and batch framing: a refusal must always fit one record.
 MAX_REFUSAL_BYTES = 1024 * 1024 - 4096
+# Prompt logprobs go out in events of at most this many (entry + alternatives), about 40 bytes each: a scored
+# 8k-token prompt with 20 alternatives is 7 MB of JSON, far over one record.
+PROMPT_LOGPROB_VALUES_PER_EVENT = 8192
 
 
 def terminal_event(kind: str, scoped: dict, finish_reason: str | None, usage: Usage) -> Envelope:
@@ -44,10 +49,17 @@ def terminal_event(kind: str, scoped: dict, finish_reason: str | None, usage: Us
 def engine_request(order: StartAttempt, request_id: str, deadline: float) -> EngineRequest:
     """The engine's request for an order; ValueError for sampling values the engine cannot take."""
     sampling = order.sampling
-    params = EngineSampling(max_tokens=order.max_output_tokens, temperature=sampling.temperature,
-                            top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
-                            stop_token_ids=sampling.stop_token_ids, stop=sampling.stop,
-                            ignore_eos=sampling.ignore_eos, min_tokens=sampling.min_tokens)
+    structured = sampling.structured
+    params = EngineSampling(max_tokens=0 if sampling.prompt_only else order.max_output_tokens,
+                            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                            seed=sampling.seed, stop_token_ids=sampling.stop_token_ids, stop=sampling.stop,
+                            ignore_eos=sampling.ignore_eos, min_tokens=sampling.min_tokens,
+                            presence_penalty=sampling.presence_penalty,
+                            frequency_penalty=sampling.frequency_penalty,
+                            repetition_penalty=sampling.repetition_penalty, logit_bias=sampling.logit_bias,
+                            logprobs=sampling.logprobs, prompt_logprobs=sampling.prompt_logprobs,
+                            structured=None if structured is None else StructuredOutput(
+                                structured.kind, structured.spec, structured.strict))
     return EngineRequest(request_id=request_id, prompt_token_ids=order.input_token_ids, params=params,
                          tenant_id=order.tenant_id, scope_key=order.tenant_id, deadline=deadline,
                          batch=order.tier == "batch")
@@ -61,6 +73,16 @@ def refusal(order: StartAttempt, worker_id: str, reason: str, plane: str | None)
     if len(encode(refused)) <= MAX_REFUSAL_BYTES:
         return refused
     return refused.model_copy(update={"attempt": None})
+
+
+def logprob_value(entry: EngineLogprob) -> TokenLogprob:
+    return TokenLogprob(token_id=entry.token_id, logprob=entry.logprob, top=entry.top)
+
+
+def prompt_logprob_chunks(entries: list[TokenLogprob], top: int) -> list[tuple[TokenLogprob, ...]]:
+    """`entries` in pieces of at most PROMPT_LOGPROB_VALUES_PER_EVENT values (one event each)."""
+    size = max(1, PROMPT_LOGPROB_VALUES_PER_EVENT // (top + 1))
+    return [tuple(entries[i : i + size]) for i in range(0, len(entries), size)]
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -88,6 +110,8 @@ class Attempt:
     pending_ids: list[int] = field(default_factory=list)
     pending_text: list[str] = field(default_factory=list)
     pending_count: int = 0
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    pending_prompt_logprobs: list[TokenLogprob] | None = None
     flushed_at: float = 0.0
     # Monotonic instants for the latency metrics: admitted by the controller, accepted here, last token out,
     # cancel ordered by the controller.
@@ -132,15 +156,30 @@ class Attempt:
         self.pending_ids.extend(output.new_token_ids)
         self.pending_text.append(output.text_delta)
         self.pending_count = output.num_output_tokens
+        self.pending_logprobs.extend(logprob_value(e) for e in output.logprobs)
+        if output.prompt_logprobs is not None:
+            self.pending_prompt_logprobs = [logprob_value(e) for e in output.prompt_logprobs]
 
     @property
     def has_pending(self) -> bool:
-        return bool(self.pending_ids or any(self.pending_text))
+        return bool(self.pending_ids or any(self.pending_text) or self.pending_prompt_logprobs is not None)
 
-    def take_pending(self, now: float) -> tuple[tuple[int, ...], str, int]:
-        taken = (tuple(self.pending_ids), "".join(self.pending_text), self.pending_count)
-        self.pending_ids, self.pending_text, self.flushed_at = [], [], now
-        return taken
+    def take_pending(self, now: float) -> list[dict]:
+        """The fields of the stream events for what is buffered: prompt logprobs first (in pieces), then the
+        tokens with their logprobs."""
+        events: list[dict] = []
+        before = self.pending_count - len(self.pending_ids)
+        if self.pending_prompt_logprobs is not None:
+            top = self.start.sampling.prompt_logprobs or 0
+            for piece in prompt_logprob_chunks(self.pending_prompt_logprobs, top) or [()]:
+                events.append({"token_ids": (), "text_delta": "", "token_count": before, "prompt_logprobs": piece})
+        if self.pending_ids or any(self.pending_text):
+            logprobs = tuple(self.pending_logprobs) if self.start.sampling.logprobs is not None else None
+            events.append({"token_ids": tuple(self.pending_ids), "text_delta": "".join(self.pending_text),
+                           "token_count": self.pending_count, "logprobs": logprobs})
+        self.pending_ids, self.pending_text, self.pending_logprobs, self.flushed_at = [], [], [], now
+        self.pending_prompt_logprobs = None
+        return events
 
     def next_seq(self) -> int:
         self.seq += 1

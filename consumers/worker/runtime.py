@@ -270,7 +270,7 @@ class Worker:
             if output.finished:
                 self.attempts.pop(output.request_id, None)
             return
-        if output.new_token_ids or output.text_delta:
+        if output.new_token_ids or output.text_delta or output.prompt_logprobs is not None:
             attempt.buffer(output)
         now = time.monotonic()
         if output.finished:
@@ -291,9 +291,8 @@ class Worker:
     async def flush(self, attempt: Attempt, now: float) -> None:
         """One stream event for the tokens buffered since the last one."""
         if attempt.has_pending:
-            token_ids, text, count = attempt.take_pending(now)
-            await self.send(TOKENS, TokensEmitted(**attempt.scoped, seq=attempt.next_seq(), token_ids=token_ids,
-                                                  text_delta=text, token_count=count))
+            for fields in attempt.take_pending(now):
+                await self.send(TOKENS, TokensEmitted(**attempt.scoped, seq=attempt.next_seq(), **fields))
 
     async def _flusher(self) -> None:
         """Buffered tokens of a stream that produced nothing new for a while still go out."""

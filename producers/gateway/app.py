@@ -5,6 +5,7 @@
     GET  /v1/generations/{id}/events   SSE stream of the generation; resumes after Last-Event-ID / ?after= (streams.py)
     POST /v1/generations/{id}/cancel   202 canceling | 200 already ended | 404
     GET  /healthz, /readyz, /metrics   alive | ready (Kafka clients running, database answers) | Prometheus text
+    GET  /health                       vLLM's readiness probe: 200 when ready, 503 otherwise
     GET  /v1/usage?from=&to=           the caller's sealed usage per hour (from the billing projection)
     /v1/models, /v1/completions, /v1/chat/completions   OpenAI-compatible (`openai_api.py`)
 
@@ -179,6 +180,14 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
     async def readyz():
         readiness = await gateway.readiness()
         return JSONResponse(readiness.as_json(), status_code=200 if readiness.ready else 503)
+
+    @app.get("/health", responses={503: {"description": "not ready: the failing checks are false"}})
+    async def health():
+        """vLLM's probe: 200 (empty) when ready, else 503 like /readyz."""
+        readiness = await gateway.readiness()
+        if readiness.ready:
+            return Response(status_code=200)
+        return JSONResponse(readiness.as_json(), status_code=503)
 
     @app.get("/metrics", response_class=Response)
     async def metrics():

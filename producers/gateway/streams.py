@@ -69,15 +69,29 @@ def final_payload(final: FinalEvent, generation_id: str) -> dict:
 _quote = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str, without its dispatch
 
 
-def token_event(generation_id: str, epoch: int, seq: int, token_ids, text: str, token_count: int) -> StreamEvent:
+def logprob_entries(entries) -> list[dict]:
+    """The native form of `schemas.stream.TokenLogprob`s: {tokenId, logprob, top: [[id, logprob], ...]}."""
+    return [{"tokenId": e.token_id, "logprob": e.logprob, "top": [list(pair) for pair in e.top]} for e in entries]
+
+
+def token_event(generation_id: str, epoch: int, seq: int, token_ids, text: str, token_count: int,
+                logprobs=None, prompt_logprobs=None) -> StreamEvent:
+    """A token event; `logprobs` / `promptLogprobs` appear only when the generation asked for them."""
     ids = list(token_ids)
     quoted = _quote(text)
+    data = {"generationId": generation_id, "epoch": epoch, "seq": seq, "tokenIds": ids, "text": text,
+            "textDelta": text, "tokenCount": token_count}
+    if logprobs is not None or prompt_logprobs is not None:
+        if logprobs is not None:
+            data["logprobs"] = logprob_entries(logprobs)
+        if prompt_logprobs is not None:
+            data["promptLogprobs"] = logprob_entries(prompt_logprobs)
+        return StreamEvent("token", data, seq)
     # The same JSON json.dumps would write for `data`, formatted directly: every streamed token passes here.
     encoded = (f'{{"generationId":{_quote(generation_id)},"epoch":{epoch:d},"seq":{seq:d},'
                f'"tokenIds":[{",".join(map(str, ids))}],"text":{quoted},"textDelta":{quoted},'
                f'"tokenCount":{token_count:d}}}')
-    return StreamEvent("token", {"generationId": generation_id, "epoch": epoch, "seq": seq, "tokenIds": ids,
-                                 "text": text, "textDelta": text, "tokenCount": token_count}, seq, encoded)
+    return StreamEvent("token", data, seq, encoded)
 
 
 def parse_cursor(last_event_id: str | None, after: str | None) -> int:
@@ -165,7 +179,8 @@ async def follow_live(bridge: StreamBridge, db: GatewayDatabase, generation_id: 
                     return
                 for event in filled:
                     yield event
-            yield token_event(generation_id, item.epoch, item.seq, item.token_ids, item.text_delta, item.token_count)
+            yield token_event(generation_id, item.epoch, item.seq, item.token_ids, item.text_delta, item.token_count,
+                              item.logprobs, item.prompt_logprobs)
             last_seq = item.seq
         elif kind == "final":
             yield StreamEvent("final", final_payload(item, generation_id), item.seq)
