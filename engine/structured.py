@@ -80,9 +80,10 @@ class Grammar:
         self.matcher = matcher
 
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
-        import llguidance.torch
-
-        llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, row)
+        """Write the allowed next tokens into `bitmask[row]` (int32 words, bit i of word w: token 32 w + i)."""
+        words = bitmask[row]
+        assert bitmask.is_cpu and words.is_contiguous() and bitmask.dtype == torch.int32
+        self.matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
 
     def accept(self, token: int) -> bool:
         """Consume `token`; False when the grammar refuses it (the mask should have prevented that)."""
@@ -128,17 +129,24 @@ class GrammarCompiler:
         return Grammar(matcher)
 
 
-def apply_grammar_masks(logits: torch.Tensor, grammars: list[Grammar | None]) -> None:
-    """Set to -inf, in place, every logit row `i`'s tokens that `grammars[i]` does not allow next."""
-    import llguidance.torch
+_BITS = torch.arange(32, dtype=torch.int32)
 
+
+def apply_grammar_masks(logits: torch.Tensor, grammars: list[Grammar | None]) -> None:
+    """Set to -inf, in place, every logit row `i`'s tokens that `grammars[i]` does not allow next.
+
+    The bitmask is unpacked with plain tensor ops rather than `llguidance.torch`, whose kernel is
+    `torch.compile`d: seconds of compiling on the engine thread at the first structured request, and a C++
+    toolchain needed on every CPU worker.
+    """
     rows = [i for i, g in enumerate(grammars) if g is not None]
     if not rows:
         return
-    bitmask = llguidance.torch.allocate_token_bitmask(len(rows), logits.shape[-1])
+    vocab = logits.shape[-1]
+    bitmask = torch.full((len(rows), (vocab + 31) // 32), -1, dtype=torch.int32)
     for j, i in enumerate(rows):
         grammars[i].fill_mask(bitmask, j)
+    allowed = ((bitmask[:, :, None] >> _BITS) & 1).view(len(rows), -1)[:, :vocab].bool().to(logits.device)
     index = torch.tensor(rows, device=logits.device)
-    masked = logits.index_select(0, index)
-    llguidance.torch.apply_token_bitmask_inplace(masked, bitmask.to(logits.device))
+    masked = logits.index_select(0, index).masked_fill_(~allowed, float("-inf"))
     logits.index_copy_(0, index, masked)
