@@ -53,8 +53,10 @@ def grammar_of(structured: StructuredOutput) -> str:
             return llguidance.LLMatcher.grammar_from_lark(spec)
     except json.JSONDecodeError as exc:
         raise RequestError(f"{kind} is not valid JSON: {exc.msg} at {exc.pos}", field="structured") from None
-    except (ValueError, TypeError) as exc:
-        raise RequestError(f"{kind}: {exc}", field="structured") from None
+    except RequestError:
+        raise
+    except Exception as exc:  # whatever the grammar engine refuses a spec with, it is the spec's fault
+        raise RequestError(f"{kind}: {str(exc)[:500]}", field="structured") from None
     raise RequestError(f"unknown structured output kind {kind!r}", field="structured")
 
 
@@ -67,7 +69,11 @@ def llg_tokenizer(hf_tokenizer: Any, vocab_size: int, eos_ids: list[int]) -> llg
 
 def check_structured(structured: StructuredOutput, tokenizer: llguidance.LLTokenizer) -> None:
     """RequestError (field `structured`) naming why the grammar engine cannot compile `structured`."""
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar_of(structured), tokenizer)
+    grammar = grammar_of(structured)
+    try:
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+    except Exception as exc:  # a spec that makes the validator itself fail is refused the same way
+        is_error, messages = True, [f"{type(exc).__name__}: {exc}"]
     if is_error:
         first = (messages[0] if messages else "invalid grammar").strip()
         raise RequestError(f"{structured.kind} cannot be compiled: {first[:500]}", field="structured")
@@ -118,7 +124,10 @@ class GrammarCompiler:
         text = self._grammars.get(structured)
         if text is None:
             text = grammar_of(structured)
-        matcher = llguidance.LLMatcher(self.tokenizer, text)
+        try:
+            matcher = llguidance.LLMatcher(self.tokenizer, text)
+        except Exception as exc:
+            raise RequestError(f"{structured.kind} cannot be compiled: {str(exc)[:500]}", field="structured") from None
         if matcher.is_error():
             raise RequestError(f"{structured.kind} cannot be compiled: {matcher.get_error()[:500]}",
                                field="structured")

@@ -33,6 +33,10 @@ class TokensEmitted(GenerationScoped):
     token_count: int = Field(ge=0)
     logprobs: tuple[TokenLogprob, ...] | None = added(None)
     prompt_logprobs: tuple[TokenLogprob, ...] | None = added(None)
+    # With n > 1 choices: which choice these tokens belong to (`token_count` then sums all choices), and the
+    # choice's end, on the event that carries its last tokens (StreamFinished ends the whole generation).
+    choice: int = added(0, ge=0)
+    choice_end: EndReason | None = added(None)
 
 
 class StreamFinished(GenerationScoped):

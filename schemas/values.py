@@ -56,6 +56,8 @@ class SamplingParams(Value):
     # a reservation only.
     prompt_only: bool = added(False)
     structured: StructuredSpec | None = added(None)
+    # Choices of the same prompt: one engine sequence each, under this one generation (usage sums them).
+    n: int = added(1, ge=1, le=16)
 
 
 class Usage(Value):

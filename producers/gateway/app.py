@@ -163,13 +163,20 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def wait_for_end(generation_id: str) -> dict:
-        text: list[str] = []
+        """The final payload with the text; with n > 1 choices, `choices` [{index, text, endReason}] too."""
+        texts: dict[int, list[str]] = {}
+        ends: dict[int, str | None] = {}
         async for kind, item in gateway.bridge.follow(generation_id):
             if kind == "token":
-                text.append(item.text_delta)
+                texts.setdefault(item.choice, []).append(item.text_delta)
+                ends[item.choice] = item.choice_end or ends.get(item.choice)
             elif kind == "final":
                 status = "completed" if item.reason in ("completed", "output-limit") else item.reason
-                return {**final_payload(item, generation_id), "status": status, "text": "".join(text)}
+                done = {**final_payload(item, generation_id), "status": status, "text": "".join(texts.get(0, []))}
+                if len(texts) > 1:
+                    done["choices"] = [{"index": i, "text": "".join(texts[i]), "endReason": ends.get(i)}
+                                       for i in sorted(texts)]
+                return done
         raise ApiError(504, "wait_timeout", "the generation did not end in time", {"generationId": generation_id})
 
     @app.get("/healthz")

@@ -182,16 +182,18 @@ class OpenAIApi:
         if status is not None:
             timeout_s = gateway.settings.admission_timeout_ms / 1000 * 30
             if status.get("epoch"):
-                for seq, token_ids, text in await gateway.db.stream_events(generation_id, status["epoch"]):
-                    count += len(token_ids)
-                    yield Piece(text, tuple(token_ids), count)
-                    after_seq = seq
+                for row in await gateway.db.stream_events(generation_id, status["epoch"]):
+                    count += len(row.token_ids)
+                    yield Piece(row.text, tuple(row.token_ids), count, row.logprobs(),
+                                row.logprobs("prompt_logprobs"), row.choice, row.choice_end)
+                    after_seq = row.seq
             if status["status"] in TERMINAL:
                 yield end_of(status["endReason"] or status["status"], status["usage"])
                 return
         async for kind, item in gateway.bridge.follow(generation_id, timeout_s=timeout_s, after_seq=after_seq):
             if kind == "token":
-                yield Piece(item.text_delta, item.token_ids, item.token_count, item.logprobs, item.prompt_logprobs)
+                yield Piece(item.text_delta, item.token_ids, item.token_count, item.logprobs, item.prompt_logprobs,
+                            item.choice, item.choice_end)
             elif kind == "final":
                 usage = item.usage
                 yield End(item.reason, usage.processed_input_tokens, usage.cached_input_tokens,

@@ -28,6 +28,8 @@ class Piece:
     token_count: int
     logprobs: tuple[TokenLogprob, ...] | None = None
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    choice: int = 0
+    choice_end: str | None = None  # n > 1: this choice's native end reason, on its last piece
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@
 
 Completions with `echo` put the prompt before the output (as its own first chunk when streaming, with its
 token logprobs once the prompt's scores have arrived); `continuous_usage_stats` puts the usage so far on
-every chunk; vLLM's `prompt_logprobs` go top level (chat) or in the choice (completions).
+every chunk; vLLM's `prompt_logprobs` go top level (chat) or in the choice (completions). With `n` > 1 each
+piece names its choice (chunks carry it as `index`) and a choice's last piece its end; the usage (one
+generation's) counts every choice's output.
 """
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ from dataclasses import dataclass, field
 
 from producers.gateway.errors import ApiError
 from producers.gateway.openai_chunks import (
-    CompletionLogprobs, End, Piece, TokenTexts, chat_logprobs, echo_entries, output_entries, prompt_logprobs_vllm,
-    sse_chunk,
+    FINISH_REASONS, CompletionLogprobs, End, Piece, TokenTexts, chat_logprobs, echo_entries, output_entries,
+    prompt_logprobs_vllm, sse_chunk,
 )
 from producers.gateway.openai_requests import CompletionRequest, OpenAIRequest
 from schemas.stream import TokenLogprob
@@ -54,48 +56,67 @@ class Reply:
         return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
                 "total_tokens": prompt + completion_tokens}
 
+    @property
+    def n(self) -> int:
+        return self.body.n or 1
+
     def vllm_prompt_logprobs(self, entries: list[TokenLogprob]) -> list:
         return prompt_logprobs_vllm(self.prompt_token_ids[0], tuple(entries), self.texts)
 
 
+@dataclass
+class ChoiceAnswer:
+    text: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    end: str | None = None  # the native end reason of this choice (n > 1)
+
+
 async def answer(reply: Reply, pieces: AsyncIterator[Piece | End | None]) -> dict:
     """The non-streamed body; ApiError 504 when the generation does not end in time."""
-    text: list[str] = []
-    outputs: list[TokenLogprob] = []
+    choices = [ChoiceAnswer() for _ in range(reply.n)]
     prompt: list[TokenLogprob] = []
     async for piece in pieces:
         if isinstance(piece, Piece):
-            text.append(piece.text)
-            outputs.extend(piece.logprobs or ())
+            choice = choices[piece.choice]
+            choice.text.append(piece.text)
+            choice.logprobs.extend(piece.logprobs or ())
+            choice.end = piece.choice_end or choice.end
             prompt.extend(piece.prompt_logprobs or ())
         elif piece is None:
             break
         else:
             log.info("openai answer generation=%s finish=%s output_tokens=%d", reply.generation_id,
                      piece.finish_reason, piece.completion_tokens)
-            return body_of(reply, "".join(text), outputs, prompt, piece)
+            return body_of(reply, choices, prompt, piece)
     raise ApiError(504, "wait_timeout", "the generation did not end in time", {"generationId": reply.generation_id})
 
 
-def body_of(reply: Reply, text: str, outputs: list[TokenLogprob], prompt: list[TokenLogprob], end: End) -> dict:
+def finish_of(end_reason: str | None, end: End) -> str:
+    return FINISH_REASONS.get(end_reason, end_reason) if end_reason else end.finish_reason
+
+
+def body_of(reply: Reply, choices: list[ChoiceAnswer], prompt: list[TokenLogprob], end: End) -> dict:
     scored = reply.body.prompt_logprobs is not None
     if reply.chat:
-        logprobs = chat_logprobs(tuple(outputs), reply.texts) if reply.wants_logprobs else None
-        choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                  "logprobs": logprobs, "finish_reason": end.finish_reason}
+        rendered = [{"index": i, "message": {"role": "assistant", "content": "".join(c.text), "refusal": None},
+                     "logprobs": chat_logprobs(tuple(c.logprobs), reply.texts) if reply.wants_logprobs else None,
+                     "finish_reason": finish_of(c.end, end)} for i, c in enumerate(choices)]
         extra = {"prompt_logprobs": reply.vllm_prompt_logprobs(prompt)} if scored else {}
         return {"id": reply.generation_id, "object": "chat.completion", "created": reply.created,
-                "model": reply.model, "choices": [choice], "usage": end.usage(), **extra}
-    logprobs = None
-    if reply.wants_logprobs:
-        entries = echo_entries(reply.prompt_token_ids[0], tuple(prompt)) if reply.echo else []
-        logprobs = CompletionLogprobs(reply.texts).format(entries + output_entries(tuple(outputs)))
-    choice = {"index": 0, "text": (reply.body.prompt if reply.echo else "") + text, "logprobs": logprobs,
-              "finish_reason": end.finish_reason}
-    if scored:
-        choice["prompt_logprobs"] = reply.vllm_prompt_logprobs(prompt)
+                "model": reply.model, "choices": rendered, "usage": end.usage(), **extra}
+    rendered = []
+    for i, c in enumerate(choices):
+        logprobs = None
+        if reply.wants_logprobs:
+            entries = echo_entries(reply.prompt_token_ids[0], tuple(prompt)) if reply.echo else []
+            logprobs = CompletionLogprobs(reply.texts).format(entries + output_entries(tuple(c.logprobs)))
+        choice = {"index": i, "text": (reply.body.prompt if reply.echo else "") + "".join(c.text),
+                  "logprobs": logprobs, "finish_reason": finish_of(c.end, end)}
+        if scored:
+            choice["prompt_logprobs"] = reply.vllm_prompt_logprobs(prompt)
+        rendered.append(choice)
     return {"id": reply.generation_id, "object": "text_completion", "created": reply.created, "model": reply.model,
-            "choices": [choice], "usage": end.usage()}
+            "choices": rendered, "usage": end.usage()}
 
 
 class ChunkWriter:
@@ -105,10 +126,13 @@ class ChunkWriter:
         self.reply = reply
         self.kind = "chat.completion.chunk" if reply.chat else "text_completion"
         self.extra = {"usage": None} if reply.body.include_usage else {}
-        self.completion_logprobs = CompletionLogprobs(reply.texts) if reply.texts is not None else None
+        # Per choice: `text_offset` runs on across its chunks.
+        self.completion_logprobs = [CompletionLogprobs(reply.texts) for _ in range(reply.n)] \
+            if reply.texts is not None else None
         self.prompt: list[TokenLogprob] = []
         self.prompt_done = False
         self.completion_tokens = 0
+        self.finished: set[int] = set()
 
     def chunk(self, choices: list[dict], **more) -> bytes:
         r = self.reply
@@ -118,19 +142,20 @@ class ChunkWriter:
             data["usage"] = r.usage_so_far(self.completion_tokens)
         return sse_chunk(data)
 
-    def choice(self, text: str | None, logprobs: dict | None = None, finish_reason: str | None = None) -> dict:
+    def choice(self, index: int, text: str | None, logprobs: dict | None = None,
+               finish_reason: str | None = None) -> dict:
         if not self.reply.chat:
-            return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+            return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         delta = {} if text is None else {"content": text}
-        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def opening(self) -> list[bytes]:
         r = self.reply
         if r.chat:
-            return [self.chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                 "finish_reason": None}])]
+            return [self.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                 "finish_reason": None}]) for i in range(r.n)]
         if r.echo and not r.wants_logprobs:
-            return [self.chunk([self.choice(r.body.prompt)])]
+            return [self.chunk([self.choice(i, r.body.prompt)]) for i in range(r.n)]
         return []
 
     def on_prompt_logprobs(self, entries: tuple[TokenLogprob, ...]) -> list[bytes]:
@@ -143,13 +168,15 @@ class ChunkWriter:
         self.prompt_done = True
         extra = {"prompt_logprobs": r.vllm_prompt_logprobs(self.prompt)} if r.body.prompt_logprobs is not None else {}
         if r.echo and r.wants_logprobs:
-            logprobs = self.completion_logprobs.format(echo_entries(r.prompt_token_ids[0], tuple(self.prompt)))
-            choice = {**self.choice(r.body.prompt, logprobs), **extra}
-            return [self.chunk([choice])]
+            out = []
+            for i in range(r.n):
+                logprobs = self.completion_logprobs[i].format(echo_entries(r.prompt_token_ids[0], tuple(self.prompt)))
+                out.append(self.chunk([{**self.choice(i, r.body.prompt, logprobs), **extra}]))
+            return out
         if extra:
             if r.chat:
-                return [self.chunk([self.choice(None)], **extra)]
-            return [self.chunk([{**self.choice(""), **extra}])]
+                return [self.chunk([self.choice(0, None)], **extra)]
+            return [self.chunk([{**self.choice(0, ""), **extra}])]
         return []
 
     def on_tokens(self, piece: Piece) -> list[bytes]:
@@ -159,14 +186,20 @@ class ChunkWriter:
             if self.reply.chat:
                 logprobs = chat_logprobs(piece.logprobs, self.reply.texts)
             else:
-                logprobs = self.completion_logprobs.format(output_entries(piece.logprobs))
-        if not piece.text and logprobs is None:
-            return []
-        return [self.chunk([self.choice(piece.text, logprobs)])]
+                logprobs = self.completion_logprobs[piece.choice].format(output_entries(piece.logprobs))
+        out = []
+        if piece.text or logprobs is not None:
+            out.append(self.chunk([self.choice(piece.choice, piece.text, logprobs)]))
+        if piece.choice_end is not None:
+            self.finished.add(piece.choice)
+            out.append(self.chunk([self.choice(piece.choice, None, None,
+                                               FINISH_REASONS.get(piece.choice_end, piece.choice_end))]))
+        return out
 
     def on_end(self, end: End) -> list[bytes]:
         self.completion_tokens = end.completion_tokens
-        out = [self.chunk([self.choice(None, None, end.finish_reason)])]
+        out = [self.chunk([self.choice(i, None, None, end.finish_reason)])
+               for i in range(self.reply.n) if i not in self.finished]
         if self.reply.body.include_usage:
             out.append(sse_chunk({"id": self.reply.generation_id, "object": self.kind, "created": self.reply.created,
                                   "model": self.reply.model, "choices": [], "usage": end.usage()}))

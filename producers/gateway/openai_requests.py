@@ -15,8 +15,8 @@ from engine.limits import MAX_LOGPROBS, MAX_PENALTY, MAX_REPETITION_PENALTY, MAX
 from producers.gateway.errors import ApiError
 from producers.gateway.openai_structured import OpenAIResponseFormat, StructuredOutputs, structured_format
 from producers.gateway.requests import (
-    LOGIT_BIAS_DOC, STOP_DOC, STOP_TOKEN_IDS_DOC, TEMPERATURE_DOC, GenerationRequest, Message, bounded_logit_bias,
-    bounded_stop,
+    LOGIT_BIAS_DOC, MAX_CHOICES, STOP_DOC, STOP_TOKEN_IDS_DOC, TEMPERATURE_DOC, GenerationRequest, Message,
+    bounded_logit_bias, bounded_stop,
 )
 
 # OpenAI's documented default for /v1/completions; chat defaults to the rest of the context.
@@ -27,8 +27,7 @@ DEFAULT_TEMPERATURE = 1.0
 _UNSUPPORTED = "is not supported"
 # field -> (values that change nothing, why any other value is refused)
 NEUTRAL: dict[str, tuple[tuple, str]] = {
-    "n": ((None, 1), "one choice per request: send n requests (with different seeds)"),
-    "best_of": ((None, 1), "one candidate per request"),
+    "best_of": ((None, 1), "no server-side ranking of candidates: use n and pick"),
     "use_beam_search": ((None, False), "beam search is not implemented"),
     "length_penalty": ((None, 1), "beam search is not implemented"),
     "min_p": ((None, 0), "min_p sampling is not implemented"),
@@ -152,8 +151,8 @@ class OpenAIRequest(BaseModel):
     guided_decoding_backend: str | None = None
     request_id: str | None = None
     parallel_tool_calls: bool | None = None
+    n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
     # Documented elsewhere, accepted only at their neutral values (NEUTRAL).
-    n: Any = None
     best_of: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
@@ -241,7 +240,7 @@ class OpenAIRequest(BaseModel):
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             logit_bias=self.logit_bias, logprobs=self.output_logprobs(),
-            prompt_logprobs=self.scored_prompt_logprobs(), response_format=response_format,
+            prompt_logprobs=self.scored_prompt_logprobs(), response_format=response_format, n=self.n or 1,
             **self.native_input())
 
 

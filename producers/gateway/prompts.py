@@ -190,6 +190,7 @@ class ModelCatalog:
                            f"of {target.max_context_tokens}",
                            {"field": "maxOutputTokens", "inputTokens": len(token_ids),
                             "limit": target.max_context_tokens})
+        total = len(token_ids) + max_output_tokens * request.n
         if total > max_tokens_per_request:
             raise ApiError(400, "tenant_limit_exceeded",
                            f"{total} tokens exceed the tenant's limit of {max_tokens_per_request} per request",
@@ -209,6 +210,6 @@ class ModelCatalog:
                                   frequency_penalty=request.frequency_penalty,
                                   repetition_penalty=request.repetition_penalty, logit_bias=bias,
                                   logprobs=request.logprobs, prompt_logprobs=request.prompt_logprobs,
-                                  prompt_only=request.prompt_only, structured=structured)
+                                  prompt_only=request.prompt_only, structured=structured, n=request.n)
         return EffectivePrompt(token_ids, sampling,
                                payload_hash(target.name, token_ids, max_output_tokens, sampling), max_output_tokens)

@@ -18,6 +18,7 @@ from engine.limits import (
 )
 from schemas.values import StructuredSpec
 
+MAX_CHOICES = 16  # n: choices of one prompt, each up to maxOutputTokens
 STOP_DOC = f"one string or a list of at most {MAX_STOP_STRINGS}, each at most {MAX_STOP_STRING_CHARS} characters"
 TEMPERATURE_DOC = f"0 (or anything below {MIN_TEMPERATURE}) is greedy"
 STOP_TOKEN_IDS_DOC = f"at most {MAX_STOP_TOKEN_IDS} token ids, each inside the model version's vocabulary"
@@ -138,6 +139,8 @@ class GenerationRequest(BaseModel):
     # Logprobs of each prompt token after the first, with this many alternatives; null: none.
     prompt_logprobs: int | None = Field(default=None, alias="promptLogprobs", ge=0, le=MAX_LOGPROBS, strict=True)
     response_format: ResponseFormat | None = Field(default=None, alias="responseFormat")
+    # Choices of the same prompt, one generation: its usage and bill count every choice's output.
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES, strict=True)
 
     _bounded_stop = field_validator("stop")(bounded_stop)
     _bounded_logit_bias = field_validator("logit_bias")(bounded_logit_bias)

@@ -34,7 +34,7 @@ async def refuse_without_workers(gateway: "Gateway", principal: Principal, body:
     """503 at once when no live worker could ever take the request (see `producers.gateway.workers`)."""
     if not gateway.workers_follower.caught_up.is_set():
         return
-    total = len(prompt.token_ids) + prompt.max_output_tokens
+    total = len(prompt.token_ids) + prompt.max_output_tokens * prompt.sampling.n
     if gateway.board.could_serve(gateway.catalog.versions_of(body.model), total, time.time()):
         return
     if gateway.bridge.knows_request(principal.tenant_id, body.request_id) or \

@@ -65,6 +65,16 @@ def test_sampling_fields_reach_the_effective_request(gateway):
     assert plain.sampling.model_dump(exclude_defaults=True) == {"temperature": 1.0}
 
 
+def test_n_choices_travel_in_the_sampling_and_count_against_the_per_request_limit(gateway):
+    _native, prompt, _ = rendered(gateway, ChatCompletionRequest, messages=CHAT, max_tokens=100, n=3, seed=9)
+    assert (prompt.sampling.n, prompt.sampling.seed, prompt.max_output_tokens) == (3, 9, 100)
+    small = Principal("t", 250, 1_000_000)
+    body = ChatCompletionRequest.model_validate({"model": MODEL, "messages": CHAT, "max_tokens": 100, "n": 3})
+    with pytest.raises(ApiError) as caught:
+        render(gateway, body, "rid", small)  # 3 x 100 output tokens + the prompt exceed 250
+    assert caught.value.code == "tenant_limit_exceeded"
+
+
 def test_completion_echo_with_max_tokens_0_scores_the_prompt(gateway):
     _native, prompt, _texts = rendered(gateway, CompletionRequest, prompt="the water is", max_tokens=0, echo=True,
                                        logprobs=2)
@@ -89,7 +99,7 @@ def test_constraints_the_engine_cannot_serve_are_400_before_admission(gateway, f
 
 
 @pytest.mark.parametrize("fields, field", [
-    ({"n": 2}, "n"), ({"best_of": 2}, "best_of"), ({"use_beam_search": True}, "use_beam_search"),
+    ({"best_of": 2}, "best_of"), ({"use_beam_search": True}, "use_beam_search"),
     ({"tools": [{"type": "function"}]}, "tools"), ({"echo": True}, "echo"), ({"min_p": 0.1}, "min_p"),
     ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
 ])
@@ -118,6 +128,25 @@ async def collect(iterator) -> list:
 async def pieces_of(items):
     for item in items:
         yield item
+
+
+def test_n_choices_answer_and_stream_with_their_index_and_own_end(gateway):
+    body = ChatCompletionRequest.model_validate({"model": MODEL, "messages": CHAT, "n": 2, "stream": True,
+                                                 "stream_options": {"include_usage": True}})
+    items = [Piece("a", (5,), 1, choice=0), Piece("b", (6,), 2, choice=1, choice_end="completed"),
+             Piece("c", (7,), 3, choice=0, choice_end="output-limit"), End("output-limit", 4, 0, 3)]
+    reply = Reply("g2", MODEL, body, (1, 2, 3, 4), None)
+    whole = asyncio.run(answer(reply, pieces_of(items)))
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in whole["choices"]] == [
+        (0, "ac", "length"), (1, "b", "stop")]
+    assert whole["usage"]["completion_tokens"] == 3
+    lines = asyncio.run(collect(stream(reply, pieces_of(items))))
+    chunks = [json.loads(line[6:]) for line in b"".join(lines).decode().split("\n\n") if line.startswith("data: {")]
+    roles = [c["choices"][0]["index"] for c in chunks[:2]]
+    finishes = [(c["choices"][0]["index"], c["choices"][0]["finish_reason"]) for c in chunks
+                if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert roles == [0, 1] and finishes == [(1, "stop"), (0, "length")]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
 
 
 def test_completion_echo_logprobs_answer_and_stream(gateway):
