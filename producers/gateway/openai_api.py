@@ -161,7 +161,8 @@ class OpenAIApi:
         decision = await submit_generation(self.gateway, principal, native, prompt, started)
         pieces = self.pieces(principal.tenant_id, decision.generation_id, fresh=decision.http_status == 201)
         model = decision.model_version or body.model  # an alias answers with the version it was pinned to
-        reply = Reply(decision.generation_id, model, body, prompt.token_ids, texts)
+        tools = body.tool_mode() if isinstance(body, ChatCompletionRequest) else None
+        reply = Reply(decision.generation_id, model, body, prompt.token_ids, texts, tools)
         if body.stream:
             return ClosingStreamingResponse(stream(reply, pieces), media_type="text/event-stream",
                                             headers={"Cache-Control": "no-cache"})

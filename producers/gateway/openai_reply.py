@@ -23,6 +23,7 @@ from producers.gateway.openai_chunks import (
     prompt_logprobs_vllm, sse_chunk,
 )
 from producers.gateway.openai_requests import CompletionRequest, OpenAIRequest
+from producers.gateway.openai_tools import ToolMode, tool_calls_of
 from schemas.stream import TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,22 @@ class Reply:
     body: OpenAIRequest
     prompt_token_ids: tuple[int, ...]
     texts: TokenTexts | None
+    tools: ToolMode | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+
+    def call_id(self, choice: int) -> str:
+        return f"call-{self.generation_id}-{choice}"
+
+    def tool_message(self, choice: int, text: str, finish_reason: str) -> tuple[dict, str]:
+        """The assistant message for `text` and its finish reason: tool calls where the text holds them."""
+        message = {"role": "assistant", "content": text, "refusal": None}
+        if self.tools is None:
+            return message, finish_reason
+        calls, content = tool_calls_of(text, self.tools, self.call_id(choice))
+        if not calls:
+            return message, finish_reason
+        return {**message, "content": content, "tool_calls": calls}, (
+            "tool_calls" if finish_reason == "stop" else finish_reason)
 
     @property
     def chat(self) -> bool:
@@ -98,9 +114,11 @@ def finish_of(end_reason: str | None, end: End) -> str:
 def body_of(reply: Reply, choices: list[ChoiceAnswer], prompt: list[TokenLogprob], end: End) -> dict:
     scored = reply.body.prompt_logprobs is not None
     if reply.chat:
-        rendered = [{"index": i, "message": {"role": "assistant", "content": "".join(c.text), "refusal": None},
-                     "logprobs": chat_logprobs(tuple(c.logprobs), reply.texts) if reply.wants_logprobs else None,
-                     "finish_reason": finish_of(c.end, end)} for i, c in enumerate(choices)]
+        rendered = []
+        for i, c in enumerate(choices):
+            message, finish = reply.tool_message(i, "".join(c.text), finish_of(c.end, end))
+            rendered.append({"index": i, "message": message, "finish_reason": finish, "logprobs": chat_logprobs(
+                tuple(c.logprobs), reply.texts) if reply.wants_logprobs else None})
         extra = {"prompt_logprobs": reply.vllm_prompt_logprobs(prompt)} if scored else {}
         return {"id": reply.generation_id, "object": "chat.completion", "created": reply.created,
                 "model": reply.model, "choices": rendered, "usage": end.usage(), **extra}
@@ -133,6 +151,10 @@ class ChunkWriter:
         self.prompt_done = False
         self.completion_tokens = 0
         self.finished: set[int] = set()
+        # Tool modes: the text each choice produced (required/auto: parsed at its end), and whether a named
+        # call's opening delta (id, name) went out.
+        self.tool_text: dict[int, list[str]] = {}
+        self.call_opened: set[int] = set()
 
     def chunk(self, choices: list[dict], **more) -> bytes:
         r = self.reply
@@ -188,18 +210,51 @@ class ChunkWriter:
             else:
                 logprobs = self.completion_logprobs[piece.choice].format(output_entries(piece.logprobs))
         out = []
-        if piece.text or logprobs is not None:
+        if self.reply.tools is not None:
+            out.extend(self.tool_delta(piece.choice, piece.text))
+        elif piece.text or logprobs is not None:
             out.append(self.chunk([self.choice(piece.choice, piece.text, logprobs)]))
         if piece.choice_end is not None:
-            self.finished.add(piece.choice)
-            out.append(self.chunk([self.choice(piece.choice, None, None,
-                                               FINISH_REASONS.get(piece.choice_end, piece.choice_end))]))
+            out.extend(self.finish(piece.choice, FINISH_REASONS.get(piece.choice_end, piece.choice_end)))
+        return out
+
+    def tool_delta(self, index: int, text: str) -> list[bytes]:
+        """A named call streams its arguments as they come; other tool modes wait for the choice's end."""
+        self.tool_text.setdefault(index, []).append(text)
+        if self.reply.tools.kind != "named" or not text:
+            return []
+        out = []
+        if index not in self.call_opened:
+            self.call_opened.add(index)
+            opening = {"index": 0, "id": f"{self.reply.call_id(index)}-0", "type": "function",
+                       "function": {"name": self.reply.tools.names[0], "arguments": ""}}
+            out.append(self.chunk([{"index": index, "delta": {"tool_calls": [opening]}, "logprobs": None,
+                                    "finish_reason": None}]))
+        out.append(self.chunk([{"index": index, "delta": {"tool_calls": [{"index": 0, "function": {
+            "arguments": text}}]}, "logprobs": None, "finish_reason": None}]))
+        return out
+
+    def finish(self, index: int, finish_reason: str) -> list[bytes]:
+        """The end of one choice: in a tool mode its calls (or its text) first, then the finish reason."""
+        self.finished.add(index)
+        out = []
+        if self.reply.tools is not None:
+            message, finish_reason = self.reply.tool_message(index, "".join(self.tool_text.get(index, [])),
+                                                             finish_reason)
+            if self.reply.tools.kind != "named":  # a named call's arguments went out as they came
+                if message["content"]:
+                    out.append(self.chunk([self.choice(index, message["content"])]))
+                if message.get("tool_calls"):
+                    deltas = [{"index": j, **call} for j, call in enumerate(message["tool_calls"])]
+                    out.append(self.chunk([{"index": index, "delta": {"tool_calls": deltas}, "logprobs": None,
+                                            "finish_reason": None}]))
+        out.append(self.chunk([self.choice(index, None, None, finish_reason)]))
         return out
 
     def on_end(self, end: End) -> list[bytes]:
         self.completion_tokens = end.completion_tokens
-        out = [self.chunk([self.choice(i, None, None, end.finish_reason)])
-               for i in range(self.reply.n) if i not in self.finished]
+        out = [chunk for i in range(self.reply.n) if i not in self.finished
+               for chunk in self.finish(i, end.finish_reason)]
         if self.reply.body.include_usage:
             out.append(sse_chunk({"id": self.reply.generation_id, "object": self.kind, "created": self.reply.created,
                                   "model": self.reply.model, "choices": [], "usage": end.usage()}))

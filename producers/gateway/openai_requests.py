@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.limits import MAX_LOGPROBS, MAX_PENALTY, MAX_REPETITION_PENALTY, MAX_STOP_TOKEN_IDS
 from producers.gateway.errors import ApiError
 from producers.gateway.openai_structured import OpenAIResponseFormat, StructuredOutputs, structured_format
+from producers.gateway.openai_tools import NamedToolChoice, Tool, ToolCall, ToolMode, template_tools, tool_constraint, \
+    tool_mode
 from producers.gateway.requests import (
     LOGIT_BIAS_DOC, MAX_CHOICES, STOP_DOC, STOP_TOKEN_IDS_DOC, TEMPERATURE_DOC, GenerationRequest, Message,
     bounded_logit_bias, bounded_stop,
@@ -32,8 +34,6 @@ NEUTRAL: dict[str, tuple[tuple, str]] = {
     "length_penalty": ((None, 1), "beam search is not implemented"),
     "min_p": ((None, 0), "min_p sampling is not implemented"),
     "suffix": ((None, ""), "insertion (suffix) is not supported"),
-    "tools": ((None, []), "tool calling is not supported"),
-    "tool_choice": ((None, "none"), "tool calling is not supported"),
     "functions": ((None, []), "function calling is not supported"),
     "function_call": ((None, "none"), "function calling is not supported"),
     "audio": ((None,), "audio output is not supported"),
@@ -102,13 +102,26 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None  # None only for an assistant message with tool_calls
     name: str | None = Field(default=None, max_length=256)  # accepted; chat templates ignore it
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=64)  # an assistant's earlier calls
+    tool_call_id: str | None = Field(default=None, max_length=256)  # what a tool message answers
+    refusal: str | None = None  # an assistant message as OpenAI returned it
+
+    @model_validator(mode="after")
+    def has_content(self) -> "ChatMessage":
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (null only for an assistant message with tool_calls)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
 
     def native(self) -> Message:
-        content = self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
-        return Message(role="system" if self.role == "developer" else self.role, content=content)
+        content = self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content or [])
+        calls = None if not self.tool_calls else [c.model_dump() for c in self.tool_calls]
+        return Message(role="system" if self.role == "developer" else self.role, content=content,
+                       tool_calls=calls, tool_call_id=self.tool_call_id)
 
 
 class OpenAIRequest(BaseModel):
@@ -225,11 +238,20 @@ class OpenAIRequest(BaseModel):
     def native_input(self) -> dict:
         raise NotImplementedError
 
+    def tool_constraint(self):
+        return None
+
     def native(self, request_id: str, max_output_tokens: int) -> GenerationRequest:
         """The native request. Its field names are the native ones; errors map back through OPENAI_FIELD."""
         response_format = structured_format(self.response_format, self.structured_outputs, {
             "guided_json": self.guided_json, "guided_regex": self.guided_regex,
             "guided_choice": self.guided_choice, "guided_grammar": self.guided_grammar})
+        tools = self.tool_constraint()
+        if tools is not None:
+            if response_format is not None:
+                raise ApiError(400, "invalid_request", "tool_choice required or a named function constrains the "
+                               "output already: drop the structured output", {"field": "tool_choice"})
+            response_format = tools
         return GenerationRequest(
             request_id=request_id, model=self.model, max_output_tokens=max_output_tokens, stream=self.stream,
             temperature=DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
@@ -248,8 +270,8 @@ class ChatCompletionRequest(OpenAIRequest):
     messages: list[ChatMessage] = Field(min_length=1, max_length=256)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    tools: Any = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -280,8 +302,15 @@ class ChatCompletionRequest(OpenAIRequest):
     def output_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    def tool_mode(self) -> ToolMode | None:
+        return tool_mode(self.tools, self.tool_choice)
+
+    def tool_constraint(self):
+        return tool_constraint(self.tools or [], self.tool_mode())
+
     def native_input(self) -> dict:
-        return {"messages": [m.native() for m in self.messages]}
+        return {"messages": [m.native() for m in self.messages],
+                "tools": template_tools(self.tools) if self.tools else None}
 
 
 class CompletionRequest(OpenAIRequest):

@@ -77,6 +77,30 @@ def check_stop_token_ids(ids: list[int], vocab: int, version: str) -> None:
                        {"field": "stopTokenIds", "vocabSize": vocab})
 
 
+def template_input(tokenizer, messages: list, tools: list[dict] | None) -> tuple[list[dict], list[dict] | None]:
+    """Messages and tools as the chat template takes them. A template that never mentions tools is given
+    them as a system message, and earlier tool calls as <tool_call> text, so the model sees them either way."""
+    dumped = [m.model_dump(exclude_none=True) for m in messages]
+    if "tools" in (getattr(tokenizer, "chat_template", None) or "") or not (
+            tools or any("tool_calls" in m for m in dumped)):
+        return dumped, tools
+    from producers.gateway.openai_tools import tools_system_prompt
+
+    for m in dumped:
+        calls = m.pop("tool_calls", None) or []
+        m.pop("tool_call_id", None)
+        m["content"] = m.get("content", "") + "".join(
+            f"<tool_call>{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}"
+            f"</tool_call>" for c in calls if isinstance(c.get("function"), dict))
+    if tools:
+        prompt = tools_system_prompt(tools)
+        if dumped and dumped[0]["role"] == "system":
+            dumped[0]["content"] = dumped[0]["content"] + "\n\n" + prompt
+        else:
+            dumped.insert(0, {"role": "system", "content": prompt})
+    return dumped, None
+
+
 @dataclass(frozen=True)
 class ModelTarget:
     """What a request's `model` names: one version, or an alias of versions sharing tokenizer and template."""
@@ -163,13 +187,15 @@ class ModelCatalog:
                                f"{registered.model_version}: {name} does not match its registered checksum")
         return AutoTokenizer.from_pretrained(root, local_files_only=True)
 
-    def encode(self, target: ModelTarget, text: str | None, messages: list | None) -> tuple[int, ...]:
-        """The effective prompt's token ids: `messages` through the chat template (opening the assistant's
-        turn), else `text` as the tokenizer encodes it."""
+    def encode(self, target: ModelTarget, text: str | None, messages: list | None,
+               tools: list[dict] | None = None) -> tuple[int, ...]:
+        """The effective prompt's token ids: `messages` (and `tools`) through the chat template (opening the
+        assistant's turn), else `text` as the tokenizer encodes it."""
         tokenizer = self.tokenizer(target.renderer)
         if messages is not None:
-            rendered = tokenizer.apply_chat_template([m.model_dump() for m in messages],
-                                                     add_generation_prompt=True, tokenize=True)
+            conversation, template_tools = template_input(tokenizer, messages, tools)
+            rendered = tokenizer.apply_chat_template(conversation, tools=template_tools, add_generation_prompt=True,
+                                                     tokenize=True)
             ids = rendered["input_ids"] if isinstance(rendered, dict) or hasattr(rendered, "keys") else rendered
         else:
             ids = tokenizer(text)["input_ids"]
@@ -179,7 +205,7 @@ class ModelCatalog:
         """Token ids of the effective prompt, with limits checked (ApiError 400/404 otherwise)."""
         target = self.target(request.model)
         tokenizer = self.tokenizer(target.renderer)
-        token_ids = self.encode(target, request.input, request.messages)
+        token_ids = self.encode(target, request.input, request.messages, request.tools)
         if not token_ids:
             raise ApiError(400, "empty_input", "the effective prompt has no tokens", {"field": "input"})
         max_output_tokens = max(request.max_output_tokens, 1)  # a scored prompt reserves one token

@@ -101,10 +101,14 @@ class ResponseFormat(BaseModel):
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A chat message; `tool` messages answer an assistant's `toolCalls` (OpenAI's tool_calls shape)."""
 
-    role: Literal["system", "user", "assistant"]
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    role: Literal["system", "user", "assistant", "tool"]
     content: str = Field(max_length=200_000)
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, alias="toolCalls", max_length=64)
+    tool_call_id: str | None = Field(default=None, alias="toolCallId", max_length=256)
 
 
 class GenerationRequest(BaseModel):
@@ -141,6 +145,8 @@ class GenerationRequest(BaseModel):
     response_format: ResponseFormat | None = Field(default=None, alias="responseFormat")
     # Choices of the same prompt, one generation: its usage and bill count every choice's output.
     n: int = Field(default=1, ge=1, le=MAX_CHOICES, strict=True)
+    # Tools shown to the model through its chat template (OpenAI's shape: {"type": "function", "function": ...}).
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
 
     _bounded_stop = field_validator("stop")(bounded_stop)
     _bounded_logit_bias = field_validator("logit_bias")(bounded_logit_bias)

@@ -224,3 +224,41 @@ async def test_native_api_takes_response_format_penalties_and_logprobs(gateway, 
     assert bad.status_code == 400 and bad.json()["code"] == "invalid_response_format"
     missing = await gateway.post("/v1/generations", headers=headers, json=body(model=model, maxOutputTokens=0))
     assert missing.status_code == 400
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                            "parameters": {"type": "object", "additionalProperties": False,
+                                                           "required": ["city", "unit"],
+                                                           "properties": {"city": {"type": "string", "maxLength": 12},
+                                                                          "unit": {"enum": ["c", "f"]}}}}}
+
+
+async def test_a_named_tool_choice_returns_a_tool_call_whose_arguments_fit_the_schema(gateway, worker, client,
+                                                                                       versions):
+    model = versions["served"]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    answer = await client.chat.completions.create(model=model, messages=CHAT, max_tokens=60, temperature=0.7, seed=2,
+                                                  tools=[WEATHER], tool_choice=named)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and call.type == "function" and call.id
+    assert set(arguments) == {"city", "unit"} and len(arguments["city"]) <= 12 and arguments["unit"] in ("c", "f")
+    stream = await client.chat.completions.create(model=model, messages=CHAT, max_tokens=60, temperature=0.7, seed=2,
+                                                  tools=[WEATHER], tool_choice=named, stream=True)
+    chunks = [c async for c in stream]
+    deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert deltas[0].function.name == "get_weather" and deltas[0].id.startswith("call-")
+    assert json.loads("".join(d.function.arguments or "" for d in deltas)) == arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    required = await client.chat.completions.create(model=model, messages=CHAT, max_tokens=80, temperature=0,
+                                                    tools=[WEATHER], tool_choice="required")
+    assert required.choices[0].finish_reason in ("tool_calls", "length")
+    if required.choices[0].finish_reason == "tool_calls":
+        assert {c.function.name for c in required.choices[0].message.tool_calls} == {"get_weather"}
+    history = CHAT + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                      {"role": "tool", "tool_call_id": call.id, "content": "12 degrees"}]
+    follow_up = await client.chat.completions.create(model=model, messages=history, max_tokens=3, temperature=0,
+                                                     tools=[WEATHER])
+    assert follow_up.usage.prompt_tokens > answer.usage.prompt_tokens

@@ -100,7 +100,7 @@ def test_constraints_the_engine_cannot_serve_are_400_before_admission(gateway, f
 
 @pytest.mark.parametrize("fields, field", [
     ({"best_of": 2}, "best_of"), ({"use_beam_search": True}, "use_beam_search"),
-    ({"tools": [{"type": "function"}]}, "tools"), ({"echo": True}, "echo"), ({"min_p": 0.1}, "min_p"),
+    ({"functions": [{"name": "f"}]}, "functions"), ({"echo": True}, "echo"), ({"min_p": 0.1}, "min_p"),
     ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
 ])
 def test_documented_fields_beyond_their_neutral_value_are_400_naming_them(fields, field):
@@ -176,3 +176,53 @@ def test_completion_echo_logprobs_answer_and_stream(gateway):
         len(t) for t in echo["choices"][0]["logprobs"]["tokens"])
     assert [c["usage"]["completion_tokens"] for c in (echo, token, finish)] == [0, 1, 1]
     assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 4
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["city"],
+    "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["c", "f"]}}}}}
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+
+def test_a_named_tool_choice_constrains_the_output_to_its_parameters(gateway):
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    native, prompt, _ = rendered(gateway, ChatCompletionRequest, messages=CHAT, max_tokens=30, tools=[WEATHER, CLOCK],
+                                 tool_choice=choice)
+    spec = prompt.sampling.structured
+    assert spec.kind == "json_schema" and json.loads(spec.spec) == WEATHER["function"]["parameters"]
+    plain = rendered(gateway, ChatCompletionRequest, messages=CHAT, max_tokens=30)[1]
+    assert len(prompt.token_ids) > len(plain.token_ids)  # the tools reach the prompt (a system message here)
+    required = rendered(gateway, ChatCompletionRequest, messages=CHAT, max_tokens=30, tools=[WEATHER, CLOCK],
+                        tool_choice="required")[1].sampling.structured
+    assert json.loads(required.spec)["type"] == "array" and len(json.loads(required.spec)["items"]["anyOf"]) == 2
+    assert rendered(gateway, ChatCompletionRequest, messages=CHAT, max_tokens=3, tools=[WEATHER],
+                    tool_choice="auto")[1].sampling.structured is None
+    error = refused(gateway, ChatCompletionRequest, messages=CHAT, max_tokens=3, tools=[WEATHER],
+                    tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert error.details == {"field": "tool_choice"}
+
+
+def test_tool_calls_come_back_with_finish_reason_tool_calls_streamed_as_deltas(gateway):
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    body = ChatCompletionRequest.model_validate({"model": MODEL, "messages": CHAT, "tools": [WEATHER],
+                                                 "tool_choice": choice, "stream": True})
+    reply = Reply("g3", MODEL, body, (1, 2), None, body.tool_mode())
+    items = [Piece('{"city": ', (5,), 1), Piece('"Oslo"}', (6,), 2), End("completed", 2, 0, 2)]
+    whole = asyncio.run(answer(reply, pieces_of(items)))
+    message = whole["choices"][0]["message"]
+    assert whole["choices"][0]["finish_reason"] == "tool_calls" and message["content"] is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
+        ("get_weather", {"city": "Oslo"})]
+    lines = asyncio.run(collect(stream(reply, pieces_of(items))))
+    chunks = [json.loads(line[6:]) for line in b"".join(lines).decode().split("\n\n") if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"].get("tool_calls") for c in chunks if c["choices"]]
+    calls = [d[0] for d in deltas if d]
+    assert calls[0]["function"] == {"name": "get_weather", "arguments": ""} and calls[0]["id"]
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"city": "Oslo"}'
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    auto = ChatCompletionRequest.model_validate({"model": MODEL, "messages": CHAT, "tools": [WEATHER, CLOCK]})
+    text = 'Sure. <tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    hermes = asyncio.run(answer(Reply("g4", MODEL, auto, (1,), None, auto.tool_mode()),
+                                pieces_of([Piece(text, (5,), 1), End("completed", 1, 0, 1)])))
+    assert hermes["choices"][0]["message"]["content"] == "Sure."
+    assert hermes["choices"][0]["message"]["tool_calls"][0]["function"] == {"name": "get_time", "arguments": "{}"}
