@@ -50,8 +50,10 @@ def engine_requests(order: StartAttempt, request_id: str, deadline: float) -> li
     """One engine request per choice (seeds seed, seed + 1, ...); ValueError for values the engine cannot take."""
     first = engine_request(order, request_id, deadline)
     seed = first.params.seed
+    # The prompt is scored once, by choice 0: the others would score it again and miss the prefix cache for it.
     return [first] + [replace(first, request_id=choice_request_id(request_id, i), params=replace(
-        first.params, seed=None if seed is None else (seed + i) % 2**64)) for i in range(1, order.sampling.n)]
+        first.params, seed=None if seed is None else (seed + i) % 2**64, prompt_logprobs=None))
+        for i in range(1, order.sampling.n)]
 
 
 def engine_request(order: StartAttempt, request_id: str, deadline: float) -> EngineRequest:

@@ -157,8 +157,8 @@ class GenerationRequest(BaseModel):
             raise ValueError("exactly one of 'input' or 'messages' is required")
         if self.min_tokens > self.max_output_tokens:
             raise ValueError("minTokens must not exceed maxOutputTokens")
-        if self.max_output_tokens == 0 and self.prompt_logprobs is None:
-            raise ValueError("maxOutputTokens 0 only scores the prompt: it needs promptLogprobs")
+        if self.max_output_tokens == 0 and (self.prompt_logprobs is None or self.n > 1):
+            raise ValueError("maxOutputTokens 0 only scores the prompt: it needs promptLogprobs, and n = 1")
         return self
 
     @property
