@@ -194,8 +194,12 @@ class ModelCatalog:
         tokenizer = self.tokenizer(target.renderer)
         if messages is not None:
             conversation, template_tools = template_input(tokenizer, messages, tools)
-            rendered = tokenizer.apply_chat_template(conversation, tools=template_tools, add_generation_prompt=True,
-                                                     tokenize=True)
+            try:
+                rendered = tokenizer.apply_chat_template(conversation, tools=template_tools,
+                                                         add_generation_prompt=True, tokenize=True)
+            except Exception as exc:  # the template's own refusal (roles out of order, a tool it cannot show)
+                raise ApiError(400, "invalid_request", f"the chat template of {target.name} cannot render these "
+                               f"messages: {type(exc).__name__}: {str(exc)[:300]}", {"field": "messages"}) from None
             ids = rendered["input_ids"] if isinstance(rendered, dict) or hasattr(rendered, "keys") else rendered
         else:
             ids = tokenizer(text)["input_ids"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from engine.limits import (
     MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_LOGPROBS, MAX_PENALTY, MAX_REPETITION_PENALTY, MAX_STOP_STRING_CHARS,
@@ -118,8 +118,13 @@ class GenerationRequest(BaseModel):
     model: str = Field(min_length=1, max_length=256)
     input: str | None = Field(default=None, max_length=200_000)
     messages: list[Message] | None = Field(default=None, min_length=1, max_length=256)
+    # Logprobs of each prompt token after the first, with this many alternatives; null: none. (Declared before
+    # maxOutputTokens, whose check reads it.)
+    prompt_logprobs: int | None = Field(default=None, alias="promptLogprobs", ge=0, le=MAX_LOGPROBS, strict=True)
+    # Choices of the same prompt, one generation: its usage and bill count every choice's output.
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES, strict=True)
     # Strict: a limit sent as "8", 8.0 or true is a mistake to name, not to guess at. 0: score the prompt only
-    # (with promptLogprobs), generate nothing.
+    # (with promptLogprobs, n = 1), generate nothing.
     max_output_tokens: int = Field(alias="maxOutputTokens", ge=0, le=1_000_000, strict=True)
     stream: bool = False
     temperature: float = Field(default=0.0, ge=0.0, le=10.0, description=TEMPERATURE_DOC)
@@ -140,16 +145,19 @@ class GenerationRequest(BaseModel):
     logit_bias: dict[str, float] | None = Field(default=None, alias="logitBias", description=LOGIT_BIAS_DOC)
     # Logprobs of each output token with this many alternatives (0: the token's own only); null: none.
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS, strict=True)
-    # Logprobs of each prompt token after the first, with this many alternatives; null: none.
-    prompt_logprobs: int | None = Field(default=None, alias="promptLogprobs", ge=0, le=MAX_LOGPROBS, strict=True)
     response_format: ResponseFormat | None = Field(default=None, alias="responseFormat")
-    # Choices of the same prompt, one generation: its usage and bill count every choice's output.
-    n: int = Field(default=1, ge=1, le=MAX_CHOICES, strict=True)
     # Tools shown to the model through its chat template (OpenAI's shape: {"type": "function", "function": ...}).
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
 
     _bounded_stop = field_validator("stop")(bounded_stop)
     _bounded_logit_bias = field_validator("logit_bias")(bounded_logit_bias)
+
+    @field_validator("max_output_tokens")
+    @classmethod
+    def zero_only_to_score(cls, value: int, info: ValidationInfo) -> int:
+        if value == 0 and (info.data.get("prompt_logprobs") is None or info.data.get("n", 1) > 1):
+            raise ValueError("0 only scores the prompt: it needs promptLogprobs, and n = 1")
+        return value
 
     @model_validator(mode="after")
     def one_input(self) -> "GenerationRequest":
@@ -157,8 +165,6 @@ class GenerationRequest(BaseModel):
             raise ValueError("exactly one of 'input' or 'messages' is required")
         if self.min_tokens > self.max_output_tokens:
             raise ValueError("minTokens must not exceed maxOutputTokens")
-        if self.max_output_tokens == 0 and (self.prompt_logprobs is None or self.n > 1):
-            raise ValueError("maxOutputTokens 0 only scores the prompt: it needs promptLogprobs, and n = 1")
         return self
 
     @property
