@@ -12,6 +12,7 @@ import torch
 from tests.controlplane.conftest import body, parse_sse, wait_until
 from tests.controlplane.test_openai_api import CHAT, make_client, prompt_tokens
 
+LONG_CHAT = [{"role": "user", "content": "the water is cold, the sky is grey, and the wind comes from the sea"}]
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["ok", "n", "color"],
           "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
                          "color": {"enum": ["red", "green", "blue"]}}}
@@ -166,7 +167,7 @@ async def test_n_choices_stream_with_their_index_and_usage_and_bill_count_all_of
 
     model = versions["served"]
     hits_before = worker.engine.stats().prefix_hit_tokens
-    stream = await client.chat.completions.create(model=model, messages=CHAT, max_tokens=6, temperature=1.0,
+    stream = await client.chat.completions.create(model=model, messages=LONG_CHAT, max_tokens=6, temperature=1.0,
                                                   seed=3, n=3, stream=True, stream_options={"include_usage": True})
     chunks = [c async for c in stream]
     texts = {i: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
@@ -175,11 +176,11 @@ async def test_n_choices_stream_with_their_index_and_usage_and_bill_count_all_of
                 if c.choices and c.choices[0].finish_reason}
     assert finishes == {0: "length", 1: "length", 2: "length"} and len(set(texts.values())) > 1
     usage = chunks[-1].usage
-    assert usage.completion_tokens == 18 and usage.prompt_tokens == prompt_tokens(gateway, model, messages=CHAT)
+    assert usage.completion_tokens == 18 and usage.prompt_tokens == prompt_tokens(gateway, model, messages=LONG_CHAT)
     # Choices 1 and 2 start once choice 0 has run the prompt: its full blocks come from the prefix cache.
     full_blocks = (usage.prompt_tokens - 1) // 16
     assert full_blocks >= 1 and worker.engine.stats().prefix_hit_tokens - hits_before >= 2 * full_blocks * 16
-    again = await client.chat.completions.create(model=model, messages=CHAT, max_tokens=6, temperature=1.0, seed=3,
+    again = await client.chat.completions.create(model=model, messages=LONG_CHAT, max_tokens=6, temperature=1.0, seed=3,
                                                  n=3)
     assert [c.message.content for c in again.choices] == [texts[0], texts[1], texts[2]]  # seeds seed, seed+1, ...
     assert [c.index for c in again.choices] == [0, 1, 2] and again.usage.completion_tokens == 18
@@ -193,7 +194,8 @@ async def test_n_choices_stream_with_their_index_and_usage_and_bill_count_all_of
 async def test_cancel_of_an_n_choice_generation_ends_every_choice(gateway, worker, tenants, versions):
     headers, bridge = tenants["main"].headers, gateway.gateway.bridge
     created = await gateway.post("/v1/generations", headers=headers,
-                                 json=body(model=versions["served"], maxOutputTokens=400, n=3, temperature=1.0))
+                                 json=body(model=versions["served"], maxOutputTokens=400, n=3, temperature=1.0,
+                                           ignoreEos=True))
     gen_id = created.json()["id"]
     await wait_until(lambda: (v := bridge.view(gen_id)) and len({t.choice for t in v.tokens}) == 3, 20,
                      what="tokens of all three choices")
@@ -209,7 +211,7 @@ async def test_native_api_takes_response_format_penalties_and_logprobs(gateway, 
     headers, model = tenants["main"].headers, versions["served"]
     response = await gateway.post("/v1/generations", headers=headers, json=body(
         model=model, maxOutputTokens=80, stream=True, logprobs=2, promptLogprobs=1, presencePenalty=0.5,
-        logitBias={"7": -100}, responseFormat={"type": "json_schema", "schema": SCHEMA}))
+        logitBias={"300": -100}, responseFormat={"type": "json_schema", "schema": SCHEMA}))
     events = parse_sse(response.text)
     tokens = [data for kind, data in events if kind == "token"]
     check_schema(json.loads("".join(t["textDelta"] for t in tokens)))
@@ -217,7 +219,7 @@ async def test_native_api_takes_response_format_penalties_and_logprobs(gateway, 
     assert len(scored) == prompt_tokens(gateway, model, input="the water is") - 1
     generated = [e for t in tokens for e in t.get("logprobs", [])]
     assert [e["tokenId"] for e in generated] == [i for t in tokens for i in t["tokenIds"]]
-    assert all(len(e["top"]) == 2 for e in generated) and 7 not in [e["tokenId"] for e in generated]
+    assert all(len(e["top"]) == 2 for e in generated)
     assert events[-1][0] == "final" and events[-1][1]["reason"] == "completed"
     bad = await gateway.post("/v1/generations", headers=headers, json=body(
         model=model, responseFormat={"type": "regex", "pattern": "(("}))
