@@ -81,6 +81,8 @@ def run_engine_bench(args: argparse.Namespace) -> int:
         runs = report["runs"]
         print(json.dumps({"output_tok_s": {k: v.get("output_tok_s") for k, v in runs.items()},
                           "slowdown": {k: v.get("slowdown_vs_plain") for k, v in runs.items() if k != "plain"},
+                          "grammar_share_of_wall": {k: v.get("grammar_share_of_wall") for k, v in runs.items()
+                                                    if k != "plain"},
                           "compile_30_fields_ms": {k: v.get("median_ms")
                                                    for k, v in report["compile_30_fields"].items()},
                           "targets_met": report["targets_met"]}))
