@@ -37,6 +37,7 @@ from consumers.kafka.follower import partition_for
 from consumers.worker.attempts import (
     FINISHES, Attempt, attempt_id_of, blocks_for, choice_of, engine_requests, monotonic_of, refusal, terminal_event,
 )
+from consumers.worker.engine_setup import engine_config, load_engine  # noqa: F401  (their home before)
 from consumers.worker.engine_thread import EngineStopped, EngineThread
 from consumers.worker.measure import observe_output
 from engine.request import FinishReason, RequestOutput
@@ -473,35 +474,3 @@ class Worker:
             await self.consumer.stop()
             await self.producer.stop()
             self.stopped.set()
-
-
-def engine_config(settings: Settings, checksums=None, weights: dict[str, float] | None = None):
-    """The worker's engine settings: pool size (`auto` or bytes), reservation policy, limits."""
-    from engine.config import EngineConfig
-    from engine.kv_sizing import MemoryPolicy, parse_bytes
-
-    return EngineConfig(kv_cache_bytes=parse_bytes(settings.worker_kv_cache_bytes),
-                        reservation=settings.worker_reservation, max_num_seqs=settings.worker_max_num_seqs,
-                        max_model_len=settings.worker_max_model_len, device=settings.worker_device,
-                        tenant_weights=weights if weights is not None else {}, expected_checksums=checksums,
-                        memory=MemoryPolicy(gpu_fraction=settings.worker_memory_fraction,
-                                            cpu_share=settings.worker_cpu_kv_share,
-                                            cpu_cap_bytes=settings.worker_cpu_kv_cap_bytes))
-
-
-def load_engine(settings: Settings, model: ModelVersionRegistered, model_dir: str | None = None,
-                weights: dict[str, float] | None = None):
-    """The engine for a registered version; the files must match the registered checksums.
-
-    Refuses (EngineError) a pool that cannot hold one request of the engine's max_model_len.
-    """
-    from engine.engine import Engine
-    from engine.kv_sizing import check_holds_one_request
-
-    engine = Engine(model_dir or model.source_uri, engine_config(settings, model.checksums, weights))
-    check_holds_one_request(engine.kv_spec.num_blocks, engine.config.block_size, engine.max_model_len,
-                            engine.kv_size.how)
-    log.info("kv pool bytes=%d blocks=%d tokens=%d how=%s", engine.kv_spec.num_blocks * engine.config.block_size
-             * engine.kv_spec.bytes_per_token, engine.kv_spec.num_blocks,
-             engine.kv_spec.num_blocks * engine.config.block_size, engine.kv_size.how)
-    return engine
