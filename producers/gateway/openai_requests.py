@@ -67,7 +67,10 @@ NEUTRAL: dict[str, tuple[tuple, str]] = {
     "vllm_xargs": ((None,), "extra vLLM arguments are not supported"),
     "prompt_embeds": ((None,), "embedding prompts are not supported: send text"),
 }
-CHAT_NEUTRAL = {"echo": ((None, False), "echoing the last chat message is not supported")}
+CHAT_NEUTRAL = {"echo": ((None, False), "echoing the last chat message is not supported"),
+                "add_special_tokens": ((None, False), "the chat template adds the special tokens it needs")}
+COMPLETION_NEUTRAL = {"add_special_tokens": ((None, True), "a prompt is always tokenized as the tokenizer does by "
+                                                           "default, with its special tokens")}
 # Accepted with any value, changing nothing: labels and hints.
 LABELS = ("user", "metadata", "prompt_cache_key", "safety_identifier", "guided_decoding_backend", "request_id",
           "parallel_tool_calls")
@@ -284,7 +287,7 @@ class ChatCompletionRequest(OpenAIRequest):
     echo: Any = None
     add_generation_prompt: Any = None
     continue_final_message: Any = None
-    add_special_tokens: bool | None = None  # vLLM; the chat template adds what it needs either way
+    add_special_tokens: Any = None
     documents: Any = None
     chat_template: Any = None
     chat_template_kwargs: Any = None
@@ -320,7 +323,10 @@ class CompletionRequest(OpenAIRequest):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: Any = None
-    add_special_tokens: bool | None = None
+    add_special_tokens: Any = None
+
+    def neutral_fields(self) -> dict[str, tuple[tuple, str]]:
+        return {**NEUTRAL, **COMPLETION_NEUTRAL}
 
     @field_validator("prompt", mode="before")
     @classmethod
