@@ -31,11 +31,12 @@ from engine.kv_cache import KVCacheSpec
 from engine.kv_sizing import KVPoolSize, cpu_pool_bytes, gpu_pool_bytes, mem_available_bytes
 from engine.limits import check_sampling
 from engine.llama import LlamaModel, LlamaWeights
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, SampledToken
 from engine.prefix_hash import compatibility_key, extend_block_hashes
-from engine.request import EngineRequest, EngineStats, FinishReason, RequestOutput
-from engine.scheduler import ScheduledChunk, Scheduler
+from engine.request import EngineRequest, EngineStats, FinishReason, RequestOutput, TokenLogprob
+from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
+from engine.structured import GrammarCompiler
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class Engine:
         self.scheduler = Scheduler(self.config, self.blocks, self.max_model_len)
         self.compat_key = compatibility_key(self.artifacts.checksums, str(self.dtype), self.config.block_size)
         self.eos_token_ids = self._eos_ids()
+        self.grammars = GrammarCompiler(self.tokenizer, dims.vocab_size, self.eos_token_ids)
 
         self._seqs: dict[str, Sequence] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
@@ -123,6 +125,11 @@ class Engine:
         """Queue a request; raises `RequestError` if it can never run here."""
         self._validate(request)
         seq = Sequence.from_request(request, self._arrivals, self.config.weight_of(request.tenant_id))
+        if request.params.structured is not None:
+            try:
+                seq.grammar = self.grammars.grammar(request.params.structured)
+            except RequestError as exc:
+                raise RequestError(f"request {request.request_id!r}: {exc}", field=exc.field) from None
         seq.arrived_at = self.clock()
         self._arrivals += 1
         extend_block_hashes(seq.block_hashes, seq.token_ids, self.config.block_size, self.compat_key, request.scope_key)
@@ -168,7 +175,7 @@ class Engine:
 
         chunks = (*sched.decodes, *sched.prefills)
         try:
-            sampled = self.runner.run(sched, self._generators, self._banned_tokens)
+            result = self.runner.run(sched, self._generators, self._banned_tokens)
         except Exception as exc:  # the forward pass: no row to blame, so the whole batch fails
             log.error("engine step failed error=%s requests=%d", type(exc).__name__, len(chunks))
             return outputs + [self._fail(chunk.seq, type(exc).__name__) for chunk in chunks]
@@ -177,7 +184,9 @@ class Engine:
         for chunk in chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
             self.blocks.commit_full_blocks(chunk.seq)
-        outputs.extend(self._sampled_output(chunk, token) for chunk, token in sampled)
+        for seq, entries in result.prompt_logprobs:
+            seq.prompt_logprobs.extend(entries)
+        outputs.extend(self._sampled_output(sampled) for sampled in result.sampled)
         return outputs
 
     def stats(self) -> EngineStats:
@@ -203,13 +212,17 @@ class Engine:
         eos = () if params.ignore_eos else tuple(self.eos_token_ids)
         return (*params.stop_token_ids, *eos)
 
-    def _sampled_output(self, chunk: ScheduledChunk, token: int | None) -> RequestOutput:
-        if token is None:
-            return self._fail(chunk.seq, "no finite distribution to sample from")
+    def _sampled_output(self, sampled: SampledToken) -> RequestOutput:
+        seq = sampled.chunk.seq
+        if seq.request.params.max_tokens == 0:  # a scored prompt: nothing to generate
+            self.scheduler.remove(seq)
+            return self._finish(seq, FinishReason.LENGTH, ())
+        if sampled.token is None:
+            return self._fail(seq, "no finite distribution to sample from")
         try:
-            return self._append_token(chunk.seq, token)
+            return self._append_token(seq, sampled.token, sampled.logprob)
         except Exception as exc:  # stop checks and detokenization of this sequence alone
-            return self._fail(chunk.seq, type(exc).__name__)
+            return self._fail(seq, type(exc).__name__)
 
     def _fail(self, seq: Sequence, why: str) -> RequestOutput:
         """End `seq` failed with what it produced so far (text held back for stop strings is dropped)."""
@@ -224,34 +237,46 @@ class Engine:
         self._generators.pop(seq.request_id, None)
         return self._output(seq, (), "", FinishReason.FAILED)
 
-    def _append_token(self, seq: Sequence, token: int) -> RequestOutput:
+    def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None = None) -> RequestOutput:
         params = seq.request.params
         seq.token_ids.append(token)
         extend_block_hashes(seq.block_hashes, seq.token_ids, self.config.block_size, self.compat_key, seq.request.scope_key)
+        if seq.grammar is not None and not seq.grammar.accept(token):
+            raise RuntimeError("the grammar refused a token its mask allowed")
         detok = self._detok[seq.request_id]
         reason: FinishReason | None = None
         may_stop = seq.num_output_tokens >= params.min_tokens
+        logprobs = (logprob,) if logprob is not None else ()
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             reason = FinishReason.STOP
         elif detok.append(token, check_stop=may_stop):
+            reason = FinishReason.STOP
+        elif seq.grammar is not None and seq.grammar.done:
             reason = FinishReason.STOP
         elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = FinishReason.LENGTH
         if reason is not None:
             self.scheduler.remove(seq)
-            return self._finish(seq, reason, (token,))
-        return self._output(seq, (token,), detok.take_delta(False), None)
+            return self._finish(seq, reason, (token,), logprobs)
+        return self._output(seq, (token,), detok.take_delta(False), None, logprobs)
 
-    def _finish(self, seq: Sequence, reason: FinishReason, new_tokens: tuple[int, ...]) -> RequestOutput:
+    def _finish(self, seq: Sequence, reason: FinishReason, new_tokens: tuple[int, ...],
+                logprobs: tuple[TokenLogprob, ...] = ()) -> RequestOutput:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         detok = self._detok.pop(seq.request_id)
         self._seqs.pop(seq.request_id, None)
         self._generators.pop(seq.request_id, None)
-        return self._output(seq, new_tokens, detok.take_delta(True), reason)
+        return self._output(seq, new_tokens, detok.take_delta(True), reason, logprobs)
 
     @staticmethod
-    def _output(seq: Sequence, new_tokens: tuple[int, ...], text: str, reason: FinishReason | None) -> RequestOutput:
+    def _output(seq: Sequence, new_tokens: tuple[int, ...], text: str, reason: FinishReason | None,
+                logprobs: tuple[TokenLogprob, ...] = ()) -> RequestOutput:
+        prompt_logprobs = None
+        if seq.request.params.prompt_logprobs is not None and not seq.prompt_logprobs_sent \
+                and not seq.needs_prompt_logprobs:
+            prompt_logprobs = tuple(seq.prompt_logprobs)
+            seq.prompt_logprobs_sent = True
         return RequestOutput(
             request_id=seq.request_id,
             new_token_ids=new_tokens,
@@ -262,6 +287,8 @@ class Engine:
             num_cached_tokens=seq.num_cached_tokens,
             queue_time_s=None if seq.first_scheduled_at is None else seq.first_scheduled_at - seq.arrived_at,
             num_recomputed_tokens=seq.num_recomputed_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
 
     def _validate(self, request: EngineRequest) -> None:

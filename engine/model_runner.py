@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from engine.llama import DecodeGroup, ForwardBatch, LlamaModel, PrefillChunk
+from engine.logits import process_logits
+from engine.logprobs import logprobs_of
+from engine.request import TokenLogprob
 from engine.sampler import Sampler
 from engine.scheduler import ScheduledChunk, SchedulerOutput
 from engine.sequence import Sequence
@@ -17,6 +21,32 @@ _GROUP_FILL = 0.5
 # gathered keys/values of one group then stay in the CPU cache between the
 # gather and the two matmuls that read them, instead of going through DRAM.
 GROUP_MAX_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class PromptRows:
+    """`count` logits rows giving the next-token distribution at prompt positions `first`, `first + 1`, ..."""
+
+    seq: Sequence
+    first: int
+    count: int
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    """A chunk that reached its sequence's end, the token drawn (None: the row could not be sampled) and its
+    logprob when the request asked for them."""
+
+    chunk: ScheduledChunk
+    token: int | None
+    logprob: TokenLogprob | None = None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    sampled: list[SampledToken]
+    # Per sequence asking for prompt logprobs: the entries for prompt positions this step computed, in order.
+    prompt_logprobs: list[tuple[Sequence, list[TokenLogprob]]]
 
 
 class ModelRunner:
@@ -32,23 +62,70 @@ class ModelRunner:
     def run(
         self, out: SchedulerOutput, generators: dict[str, torch.Generator],
         banned_for: Callable[[Sequence], tuple[int, ...]] = lambda seq: (),
-    ) -> list[tuple[ScheduledChunk, int]]:
-        """One forward; returns (chunk, next token) for every chunk that reached its sequence's end."""
-        batch, sampling = self.prepare(out)
+    ) -> StepResult:
+        """One forward; the next token of every chunk that reached its sequence's end, and prompt logprobs."""
+        batch, sampling, prompt_rows = self.prepare(out)
         logits = self.model.forward(batch, self.kv_pool)
-        params = [c.seq.request.params for c in sampling]
-        gens = [generators.get(c.seq.request_id) for c in sampling]
-        tokens = self.sampler.sample(logits, params, gens, [banned_for(c.seq) for c in sampling])
-        return list(zip(sampling, tokens))
+        raw = logits[: len(sampling)]
+        seqs = [c.seq for c in sampling]
+        params = [s.request.params for s in seqs]
+        gens = [generators.get(s.request_id) for s in seqs]
+        tokens = self.sampler.sample(process_logits(raw, seqs), params, gens, [banned_for(s) for s in seqs])
+        wanted = [i for i, (p, t) in enumerate(zip(params, tokens)) if p.logprobs is not None and t is not None]
+        logprobs: list[TokenLogprob | None] = [None] * len(sampling)
+        if wanted:
+            found = logprobs_of(raw[wanted], [tokens[i] for i in wanted], [params[i].logprobs for i in wanted])
+            for i, entry in zip(wanted, found):
+                logprobs[i] = entry
+        sampled = [SampledToken(c, t, lp) for c, t, lp in zip(sampling, tokens, logprobs)]
+        return StepResult(sampled, self._prompt_logprobs(logits[len(sampling):], prompt_rows))
 
-    def prepare(self, out: SchedulerOutput) -> tuple[ForwardBatch, list[ScheduledChunk]]:
-        """Flatten decodes (longest context first) then prefill chunks into one batch."""
+    @staticmethod
+    def _prompt_logprobs(logits: torch.Tensor, rows: list[PromptRows]) -> list[tuple[Sequence, list[TokenLogprob]]]:
+        if not rows:
+            return []
+        targets = [t for r in rows for t in r.seq.token_ids[r.first + 1 : r.first + 1 + r.count]]
+        tops = [r.seq.request.params.prompt_logprobs for r in rows for _ in range(r.count)]
+        found = logprobs_of(logits, targets, tops)
+        result, start = [], 0
+        for r in rows:
+            result.append((r.seq, found[start : start + r.count]))
+            start += r.count
+        return result
+
+    @staticmethod
+    def _prompt_rows(seq: Sequence, pos0: int, n: int, row0: int) -> tuple[PromptRows, list[int]] | None:
+        """Rows of a chunk (positions [pos0, pos0 + n) at batch rows from row0) whose logits score a prompt token
+        not scored yet; None when there are none."""
+        if seq.request.params.prompt_logprobs is None:
+            return None
+        done = len(seq.prompt_logprobs)
+        # The scheduler takes no prefix-cache hit while prompt logprobs are missing: no position is skipped.
+        assert done >= pos0 or done >= seq.num_prompt_tokens - 1, "prompt logprob positions skipped"
+        first, end = max(pos0, done), min(pos0 + n, seq.num_prompt_tokens - 1)
+        if first >= end:
+            return None
+        return PromptRows(seq, first, end - first), [row0 + p - pos0 for p in range(first, end)]
+
+    def prepare(self, out: SchedulerOutput) -> tuple[ForwardBatch, list[ScheduledChunk], list[PromptRows]]:
+        """Flatten decodes (longest context first) then prefill chunks into one batch.
+
+        Logits rows: one per sampling chunk (in batch order), then the prompt-logprob rows.
+        """
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         logits_rows: list[int] = []
         sampling: list[ScheduledChunk] = []
+        prompt_rows: list[PromptRows] = []
+        prompt_logits_rows: list[int] = []
+
+        def score(seq: Sequence, pos0: int, n: int, row0: int) -> None:
+            found = self._prompt_rows(seq, pos0, n, row0)
+            if found is not None:
+                prompt_rows.append(found[0])
+                prompt_logits_rows.extend(found[1])
 
         decodes = sorted(out.decodes, key=lambda c: -c.seq.num_computed_tokens)
         for row, chunk in enumerate(decodes):
@@ -61,6 +138,7 @@ class ModelRunner:
             if chunk.samples:
                 logits_rows.append(row)
                 sampling.append(chunk)
+            score(seq, pos, 1, row)
         groups = self._decode_groups(decodes)
 
         prefills = []
@@ -79,6 +157,7 @@ class ModelRunner:
             if chunk.samples:
                 logits_rows.append(start + n - 1)
                 sampling.append(chunk)
+            score(seq, pos0, n, start)
 
         batch = ForwardBatch(
             input_ids=self._tensor(input_ids),
@@ -87,9 +166,9 @@ class ModelRunner:
             block_size=bs,
             decode_groups=groups,
             prefills=tuple(prefills),
-            logits_indices=self._tensor(logits_rows),
+            logits_indices=self._tensor(logits_rows + prompt_logits_rows),
         )
-        return batch, sampling
+        return batch, sampling, prompt_rows
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

@@ -145,7 +145,7 @@ class Scheduler:
             if tenant is None:
                 return
             seq = self.waiting[tenant][0]
-            hits = self.blocks.find_cached_prefix(seq)
+            hits = [] if seq.needs_prompt_logprobs else self.blocks.find_cached_prefix(seq)
             num_hit_tokens = len(hits) * self.blocks.block_size
             remaining = seq.num_tokens - num_hit_tokens
             n = min(remaining, budget)

@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from engine.request import EngineRequest, FinishReason
+from engine.request import EngineRequest, FinishReason, TokenLogprob
+
+if TYPE_CHECKING:
+    from engine.structured import Grammar
 
 
 class SequenceStatus(enum.Enum):
@@ -47,6 +51,11 @@ class Sequence:
     first_scheduled_at: float | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
+    # Scores of prompt tokens 1.. computed so far, and whether they went out (with the first output).
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False
+    # The structured-output constraint's state after the output tokens; kept through preemption.
+    grammar: "Grammar | None" = None
 
     @classmethod
     def from_request(cls, request: EngineRequest, arrival: int, weight: float) -> "Sequence":
@@ -77,6 +86,12 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt logprobs asked for and not all computed: a prefix-cache hit would skip their positions."""
+        return (self.request.params.prompt_logprobs is not None
+                and len(self.prompt_logprobs) < self.num_prompt_tokens - 1)
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -28,6 +28,13 @@ STAGE_DDL = ("CREATE TEMP TABLE IF NOT EXISTS stream_events_stage "
              "(LIKE stream_events INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
 
 
+def logprobs_json(event: TokensEmitted) -> Jsonb | None:
+    """The event's logprobs as stored (None when it carries none, as most do)."""
+    if event.logprobs is None and event.prompt_logprobs is None:
+        return None
+    return Jsonb(event.model_dump(mode="json", include={"logprobs", "prompt_logprobs"}))
+
+
 @dataclass
 class Progress:
     tenant_id: str
@@ -79,11 +86,11 @@ class StreamBufferProjection:
             return  # a stale attempt's event: never part of the stream
         if isinstance(e, TokensEmitted):
             p.rows.append((e.generation_id, e.epoch, e.seq, list(e.token_ids), e.text_delta, False, None, None,
-                           e.occurred_at))
+                           e.occurred_at, e.choice, e.choice_end, logprobs_json(e)))
             p.token_count = max(p.token_count, e.token_count)
         else:
             p.rows.append((e.generation_id, e.epoch, e.seq, [], "", True, e.reason,
-                           Jsonb(e.usage.model_dump()), e.occurred_at))
+                           Jsonb(e.usage.model_dump()), e.occurred_at, 0, None, None))
             p.end_reason, p.ended_at = e.reason, e.occurred_at
         p.last_seq = max(p.last_seq, e.seq)
         p.updated_at = max(p.updated_at, e.occurred_at) if p.updated_at else e.occurred_at
@@ -95,7 +102,8 @@ class StreamBufferProjection:
             conn.execute("DELETE FROM stream_events WHERE generation_id = ANY(%s)", (fresh,))
         conn.execute(STAGE_DDL)
         with conn.cursor().copy("COPY stream_events_stage (generation_id, epoch, seq, token_ids, text_delta, "
-                                "is_final, end_reason, usage, occurred_at) FROM STDIN") as copy:
+                                "is_final, end_reason, usage, occurred_at, choice, choice_end, logprobs) "
+                                "FROM STDIN") as copy:
             for p in progress.values():
                 for row in p.rows:
                     if row[2] >= p.oldest_seq:

@@ -33,6 +33,11 @@ class SubmitGeneration(Command):
     tier: Tier = "interactive"
     payload_hash: str = Field(min_length=64, max_length=64)
 
+    @property
+    def output_tokens(self) -> int:
+        """The most output it may produce: `max_output_tokens` for each of its n choices."""
+        return self.max_output_tokens * self.sampling.n
+
 
 class CancelGeneration(Command):
     type: Literal["CancelGeneration"] = "CancelGeneration"

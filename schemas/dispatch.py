@@ -25,6 +25,11 @@ class StartAttempt(GenerationScoped):
     # batch attempts may wait on the worker for KV room until deadline_at; interactive ones reserve or refuse
     tier: Tier = "interactive"
 
+    @property
+    def output_tokens(self) -> int:
+        """The most output it may produce: `max_output_tokens` for each of its n choices."""
+        return self.max_output_tokens * self.sampling.n
+
 
 # CancelAttempt reasons that say the controller has already ended the epoch `Interrupted`: its worker stops
 # the attempt and publishes nothing more for it (no terminal event, no release).

@@ -5,12 +5,25 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.envelope import GenerationScoped
-from schemas.values import EndReason, Usage
+from schemas.envelope import GenerationScoped, Value
+from schemas.values import EndReason, Usage, added
+
+
+class TokenLogprob(Value):
+    """log p(token) under the model's raw distribution, and the `top` most likely (token id, logprob) pairs."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 class TokensEmitted(GenerationScoped):
-    """New output tokens; `token_count` is the cumulative output of this epoch after this event."""
+    """New output tokens; `token_count` is the cumulative output of this epoch after this event.
+
+    `logprobs`: one per token in `token_ids` when the generation asked for them. `prompt_logprobs`: scores of
+    prompt tokens 1.. (the first has no context), split over as many events as keep each record small, all
+    before the first output token; such an event may carry no token at all.
+    """
 
     type: Literal["TokensEmitted"] = "TokensEmitted"
     epoch: int = Field(ge=1)
@@ -18,6 +31,12 @@ class TokensEmitted(GenerationScoped):
     token_ids: tuple[int, ...]
     text_delta: str
     token_count: int = Field(ge=0)
+    logprobs: tuple[TokenLogprob, ...] | None = added(None)
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = added(None)
+    # With n > 1 choices: which choice these tokens belong to (`token_count` then sums all choices), and the
+    # choice's end, on the event that carries its last tokens (StreamFinished ends the whole generation).
+    choice: int = added(0, ge=0)
+    choice_end: EndReason | None = added(None)
 
 
 class StreamFinished(GenerationScoped):

@@ -1,7 +1,7 @@
 """Small values shared by commands and events."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -13,7 +13,28 @@ Tier = Literal["interactive", "batch"]
 EndReason = Literal["completed", "output-limit", "canceled", "interrupted", "expired", "failed", "rejected"]
 
 
+def added(default: Any, **constraints: Any) -> Any:
+    """A field added after the first release: left out of records while at its default, so records stay as
+    small as before for requests that do not use it (and older readers' records replay unchanged)."""
+    return Field(default=default, exclude_if=lambda value: value == default, **constraints)
+
+
+StructuredKind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
+
+
+class StructuredSpec(Value):
+    """A constraint on the output (engine.request.StructuredOutput): a JSON schema as JSON text, any JSON object,
+    a regex, a JSON list of choices, or a Lark grammar. `strict`: unsupported schema keywords are errors."""
+
+    kind: StructuredKind
+    spec: str = Field(default="", max_length=64 * 1024)
+    strict: bool = True
+
+
 class SamplingParams(Value):
+    """Sampling of one generation. Fields added after the first release have neutral defaults, so records
+    written before them replay unchanged (and `payload_hash` leaves defaults out)."""
+
     temperature: float = Field(default=0.0, ge=0.0, le=10.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
@@ -22,6 +43,21 @@ class SamplingParams(Value):
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)
+    presence_penalty: float = added(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = added(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = added(1.0, gt=0.0, le=10.0)
+    # (token id, bias) pairs, ids ascending
+    logit_bias: tuple[tuple[int, float], ...] = added(())
+    # Alternatives per output token (0: the chosen token's logprob only); None: no logprobs.
+    logprobs: int | None = added(None, ge=0, le=20)
+    # Alternatives per prompt token; None: the prompt is not scored.
+    prompt_logprobs: int | None = added(None, ge=0, le=20)
+    # Score the prompt and generate nothing (OpenAI's max_tokens=0 with echo): max_output_tokens stays 1,
+    # a reservation only.
+    prompt_only: bool = added(False)
+    structured: StructuredSpec | None = added(None)
+    # Choices of the same prompt: one engine sequence each, under this one generation (usage sums them).
+    n: int = added(1, ge=1, le=16)
 
 
 class Usage(Value):

@@ -154,13 +154,13 @@ class Decider:
             return Effects(replies=[self.reply(cmd, "rejected", 503, request_id=cmd.request_id,
                                                error_code="tenant_unknown", reason="tenant not yet known",
                                                retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))])
-        reserved = len(cmd.input_token_ids) + cmd.max_output_tokens
+        reserved = len(cmd.input_token_ids) + cmd.output_tokens
         refusal = self.over_budget(tenant, limits, reserved, now)
         if refusal is not None:
             code, reason, retry_ms = refusal
             return Effects(replies=[self.reply(cmd, "rejected", 429, request_id=cmd.request_id, error_code=code,
                                                reason=reason, retry_after_ms=self.jittered_ms(retry_ms))])
-        demand = Demand(len(cmd.input_token_ids), cmd.max_output_tokens)
+        demand = Demand(len(cmd.input_token_ids), cmd.output_tokens)
         routed = self.versions.route(candidates, demand, self.queue_allowance_s(cmd.tier), now.timestamp())
         if routed is None:
             return Effects(replies=[self.reply(
@@ -208,7 +208,7 @@ class Decider:
                                   input_tokens=len(cmd.input_token_ids), admitted_s=now_s, queued=queued,
                                   dispatched_at=now)
         state.record(record)
-        self.registry.hold(worker_id, gen_id, Demand(len(cmd.input_token_ids), cmd.max_output_tokens),
+        self.registry.hold(worker_id, gen_id, Demand(len(cmd.input_token_ids), cmd.output_tokens),
                            now.timestamp())
         scoped = {"tenant_id": cmd.tenant_id, "generation_id": gen_id, "epoch": 1}
         admitted = Admitted(**scoped, request_id=cmd.request_id, model_version=version,
@@ -259,7 +259,7 @@ class Decider:
             return effects
         choice = None
         if cmd.attempt is not None and cmd.epoch <= self.settings.max_refusals:
-            demand = Demand(len(cmd.attempt.input_token_ids), cmd.attempt.max_output_tokens)
+            demand = Demand(len(cmd.attempt.input_token_ids), cmd.attempt.output_tokens)
             choice = self.registry.choose(gen.model_version or cmd.attempt.model_version, demand,
                                           self.queue_allowance_s(gen.tier), self.settings.worker_decode_tokens_per_s,
                                           now.timestamp(), exclude=frozenset({cmd.worker_id}))

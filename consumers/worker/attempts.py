@@ -3,16 +3,18 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from engine.request import EngineRequest, FinishReason, RequestOutput
+from engine.request import EngineRequest, FinishReason, RequestOutput, StructuredOutput
 from engine.request import SamplingParams as EngineSampling
+from engine.request import TokenLogprob as EngineLogprob
 from schemas.codec import encode
 from schemas.commands import AttemptRefused
 from schemas.dispatch import StartAttempt
 from schemas.envelope import Envelope
 from schemas.lifecycle import Canceled, Completed, Expired, Failed
+from schemas.stream import TokenLogprob
 from schemas.values import Usage
 
 # How an engine finish maps to (lifecycle type, Completed.finish_reason, stream EndReason).
@@ -28,6 +30,9 @@ FINISHES = {
 # aiokafka's max_request_size (1 MiB, about the broker's default message.max.bytes too), less room for the key,
 # headers and batch framing: a refusal must always fit one record.
 MAX_REFUSAL_BYTES = 1024 * 1024 - 4096
+# Prompt logprobs go out in events of at most this many (entry + alternatives), about 40 bytes each: a scored
+# 8k-token prompt with 20 alternatives is 7 MB of JSON, far over one record.
+PROMPT_LOGPROB_VALUES_PER_EVENT = 8192
 
 
 def terminal_event(kind: str, scoped: dict, finish_reason: str | None, usage: Usage) -> Envelope:
@@ -41,13 +46,30 @@ def terminal_event(kind: str, scoped: dict, finish_reason: str | None, usage: Us
     return Expired(**scoped, usage=usage)
 
 
+def engine_requests(order: StartAttempt, request_id: str, deadline: float) -> list[EngineRequest]:
+    """One engine request per choice (seeds seed, seed + 1, ...); ValueError for values the engine cannot take."""
+    first = engine_request(order, request_id, deadline)
+    seed = first.params.seed
+    # The prompt is scored once, by choice 0: the others would score it again and miss the prefix cache for it.
+    return [first] + [replace(first, request_id=choice_request_id(request_id, i), params=replace(
+        first.params, seed=None if seed is None else (seed + i) % 2**64, prompt_logprobs=None))
+        for i in range(1, order.sampling.n)]
+
+
 def engine_request(order: StartAttempt, request_id: str, deadline: float) -> EngineRequest:
-    """The engine's request for an order; ValueError for sampling values the engine cannot take."""
+    """The engine's request for an order (its first choice); ValueError for values the engine cannot take."""
     sampling = order.sampling
-    params = EngineSampling(max_tokens=order.max_output_tokens, temperature=sampling.temperature,
-                            top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
-                            stop_token_ids=sampling.stop_token_ids, stop=sampling.stop,
-                            ignore_eos=sampling.ignore_eos, min_tokens=sampling.min_tokens)
+    structured = sampling.structured
+    params = EngineSampling(max_tokens=0 if sampling.prompt_only else order.max_output_tokens,
+                            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                            seed=sampling.seed, stop_token_ids=sampling.stop_token_ids, stop=sampling.stop,
+                            ignore_eos=sampling.ignore_eos, min_tokens=sampling.min_tokens,
+                            presence_penalty=sampling.presence_penalty,
+                            frequency_penalty=sampling.frequency_penalty,
+                            repetition_penalty=sampling.repetition_penalty, logit_bias=sampling.logit_bias,
+                            logprobs=sampling.logprobs, prompt_logprobs=sampling.prompt_logprobs,
+                            structured=None if structured is None else StructuredOutput(
+                                structured.kind, structured.spec, structured.strict))
     return EngineRequest(request_id=request_id, prompt_token_ids=order.input_token_ids, params=params,
                          tenant_id=order.tenant_id, scope_key=order.tenant_id, deadline=deadline,
                          batch=order.tier == "batch")
@@ -63,6 +85,16 @@ def refusal(order: StartAttempt, worker_id: str, reason: str, plane: str | None)
     return refused.model_copy(update={"attempt": None})
 
 
+def logprob_value(entry: EngineLogprob) -> TokenLogprob:
+    return TokenLogprob(token_id=entry.token_id, logprob=entry.logprob, top=entry.top)
+
+
+def prompt_logprob_chunks(entries: list[TokenLogprob], top: int) -> list[tuple[TokenLogprob, ...]]:
+    """`entries` in pieces of at most PROMPT_LOGPROB_VALUES_PER_EVENT values (one event each)."""
+    size = max(1, PROMPT_LOGPROB_VALUES_PER_EVENT // (top + 1))
+    return [tuple(entries[i : i + size]) for i in range(0, len(entries), size)]
+
+
 def blocks_for(tokens: int, block_size: int) -> int:
     return math.ceil(tokens / block_size)
 
@@ -71,6 +103,33 @@ def monotonic_of(instant: datetime) -> float:
     """A wall-clock instant (an event's occurred_at) on this process's monotonic clock, never in the future."""
     now = time.monotonic()
     return now - max(0.0, (datetime.now(UTC) - instant).total_seconds())
+
+
+def end_of_choice(reason: FinishReason) -> str:
+    return FINISHES[reason][2]
+
+
+# The whole attempt's end from its choices' ends, most telling first: a failure, a cancel, an expiry, then
+# `length` when any choice hit its limit, `stop` when all stopped.
+_END_ORDER = (FinishReason.FAILED, FinishReason.CANCELLED, FinishReason.EXPIRED, FinishReason.LENGTH,
+              FinishReason.STOP)
+
+
+@dataclass
+class Choice:
+    """One of an attempt's n sequences of the same prompt, and what it produced but has not streamed yet."""
+
+    index: int
+    output: RequestOutput | None = None  # its latest (running totals)
+    ended: FinishReason | None = None
+    pending_ids: list[int] = field(default_factory=list)
+    pending_text: list[str] = field(default_factory=list)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    pending_end: str | None = None
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self.pending_ids or any(self.pending_text) or self.pending_end)
 
 
 @dataclass
@@ -84,10 +143,12 @@ class Attempt:
     usage: Usage = Usage()
     fenced: bool = False  # declared lost (lease) or self-fenced: publish nothing more for it
     finishing: bool = False
-    # Tokens produced but not yet in a stream event (coalesced for `stream_flush_ms`).
-    pending_ids: list[int] = field(default_factory=list)
-    pending_text: list[str] = field(default_factory=list)
-    pending_count: int = 0
+    # Choices 1.. wait here until choice 0 has run the prompt: then they find its blocks in the prefix cache.
+    unstarted: list[EngineRequest] = field(default_factory=list)
+    # Produced but not yet in a stream event (coalesced for `stream_flush_ms`): per choice, and prompt scores.
+    choices: list[Choice] = field(default_factory=list)
+    pending_prompt_logprobs: list[TokenLogprob] | None = None
+    emitted_tokens: int = 0
     flushed_at: float = 0.0
     # Monotonic instants for the latency metrics: admitted by the controller, accepted here, last token out,
     # cancel ordered by the controller.
@@ -96,10 +157,19 @@ class Attempt:
     last_token_at: float | None = None
     cancel_ordered_at: float | None = None
 
+    def __post_init__(self) -> None:
+        if not self.choices:
+            self.choices = [Choice(i) for i in range(self.start.sampling.n)]
+
     @property
     def request_id(self) -> str:
         """The engine request id: generation and epoch, so a later epoch never collides with this one."""
         return f"{self.start.generation_id}#{self.start.epoch}"
+
+    @property
+    def engine_ids(self) -> list[str]:
+        """Every choice's engine request id (choice 0's is `request_id`)."""
+        return [choice_request_id(self.request_id, c.index) for c in self.choices]
 
     @property
     def scoped(self) -> dict:
@@ -110,11 +180,34 @@ class Attempt:
     def started_output(self) -> bool:
         return self.usage.generated_output_tokens > 0
 
-    def observe(self, output: RequestOutput) -> None:
-        self.usage = Usage(processed_input_tokens=output.num_prompt_tokens,
-                           cached_input_tokens=output.num_cached_tokens,
-                           generated_output_tokens=output.num_output_tokens,
-                           recompute_tokens=output.num_recomputed_tokens)
+    @property
+    def ended(self) -> bool:
+        return all(c.ended is not None for c in self.choices)
+
+    def end_reason(self) -> FinishReason:
+        ends = {c.ended for c in self.choices}
+        return next(r for r in _END_ORDER if r in ends)
+
+    def observe(self, output: RequestOutput, choice: int = 0) -> None:
+        """Usage over the choices: the prompt once (choice 0's, as vLLM counts n), every choice's output."""
+        self.choices[choice].output = output
+        if output.finished:
+            self.choices[choice].ended = output.finish_reason
+        first = self.choices[0].output
+        outputs = [c.output for c in self.choices if c.output is not None]
+        self.usage = Usage(processed_input_tokens=first.num_prompt_tokens if first else 0,
+                           cached_input_tokens=first.num_cached_tokens if first else 0,
+                           generated_output_tokens=sum(o.num_output_tokens for o in outputs),
+                           recompute_tokens=sum(o.num_recomputed_tokens for o in outputs))
+
+    def end_unstarted(self, reason: FinishReason) -> None:
+        """Choices never handed to the engine end with `reason` (a cancel before choice 0 ran its prompt)."""
+        for request in self.unstarted:
+            choice = self.choices[choice_of(request.request_id)]
+            choice.ended = reason
+            if len(self.choices) > 1:
+                choice.pending_end = end_of_choice(reason)
+        self.unstarted = []
 
     def report_due(self, every_tokens: int, every_ms: int, now: float) -> bool:
         if self.usage.generated_output_tokens == self.reported_output:
@@ -128,19 +221,42 @@ class Attempt:
         self.reported_at = now
         return self.report_seq
 
-    def buffer(self, output: RequestOutput) -> None:
-        self.pending_ids.extend(output.new_token_ids)
-        self.pending_text.append(output.text_delta)
-        self.pending_count = output.num_output_tokens
+    def buffer(self, output: RequestOutput, choice: int = 0) -> None:
+        pending = self.choices[choice]
+        pending.pending_ids.extend(output.new_token_ids)
+        pending.pending_text.append(output.text_delta)
+        pending.pending_logprobs.extend(logprob_value(e) for e in output.logprobs)
+        if output.finished and len(self.choices) > 1:
+            pending.pending_end = end_of_choice(output.finish_reason)
+        if output.prompt_logprobs is not None:
+            self.pending_prompt_logprobs = [logprob_value(e) for e in output.prompt_logprobs]
 
     @property
     def has_pending(self) -> bool:
-        return bool(self.pending_ids or any(self.pending_text))
+        return self.pending_prompt_logprobs is not None or any(c.has_pending for c in self.choices)
 
-    def take_pending(self, now: float) -> tuple[tuple[int, ...], str, int]:
-        taken = (tuple(self.pending_ids), "".join(self.pending_text), self.pending_count)
-        self.pending_ids, self.pending_text, self.flushed_at = [], [], now
-        return taken
+    def take_pending(self, now: float) -> list[dict]:
+        """The fields of the stream events for what is buffered: prompt logprobs first (in pieces), then each
+        choice's tokens with their logprobs (and, with n > 1, its end). `token_count` runs over all choices."""
+        events: list[dict] = []
+        if self.pending_prompt_logprobs is not None:
+            top = self.start.sampling.prompt_logprobs or 0
+            for piece in prompt_logprob_chunks(self.pending_prompt_logprobs, top) or [()]:
+                events.append({"token_ids": (), "text_delta": "", "token_count": self.emitted_tokens,
+                               "prompt_logprobs": piece})
+            self.pending_prompt_logprobs = None
+        wants_logprobs = self.start.sampling.logprobs is not None
+        for c in self.choices:
+            if not c.has_pending:
+                continue
+            self.emitted_tokens += len(c.pending_ids)
+            events.append({"token_ids": tuple(c.pending_ids), "text_delta": "".join(c.pending_text),
+                           "token_count": self.emitted_tokens,
+                           "logprobs": tuple(c.pending_logprobs) if wants_logprobs else None,
+                           "choice": c.index, "choice_end": c.pending_end})
+            c.pending_ids, c.pending_text, c.pending_logprobs, c.pending_end = [], [], [], None
+        self.flushed_at = now
+        return events
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -149,3 +265,18 @@ class Attempt:
     @property
     def used_tokens(self) -> int:
         return len(self.start.input_token_ids) + self.usage.generated_output_tokens
+
+
+def choice_request_id(request_id: str, choice: int) -> str:
+    return request_id if choice == 0 else f"{request_id}/{choice}"
+
+
+def choice_of(engine_request_id: str) -> int:
+    """The choice an engine request id names (`gen#epoch` is choice 0, `gen#epoch/i` choice i)."""
+    _, slash, index = engine_request_id.rpartition("/")
+    return int(index) if slash and index.isdigit() else 0
+
+
+def attempt_id_of(engine_request_id: str) -> str:
+    head, slash, index = engine_request_id.rpartition("/")
+    return head if slash and index.isdigit() else engine_request_id

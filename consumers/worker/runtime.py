@@ -40,7 +40,7 @@ from consumers.kafka.clients import LONG_POLL_MS, make_producer
 from consumers.kafka.clients import partitions_of
 from consumers.kafka.follower import partition_for
 from consumers.worker.attempts import (
-    FINISHES, Attempt, blocks_for, engine_request, monotonic_of, refusal, terminal_event,
+    FINISHES, Attempt, attempt_id_of, blocks_for, choice_of, engine_requests, monotonic_of, refusal, terminal_event,
 )
 from consumers.worker.engine_setup import engine_config, load_engine  # noqa: F401 -- callers import them here
 from consumers.worker.engine_thread import EngineThread
@@ -48,7 +48,7 @@ from consumers.worker.heartbeats import heartbeat_loop, heartbeat_of
 from consumers.worker.measure import observe_output
 from consumers.worker.sends import acked, watched
 from consumers.worker.waiting import WaitingQueue
-from engine.request import RequestOutput
+from engine.request import FinishReason, RequestOutput
 from ledgerlm.settings import Settings
 from ledgerlm.telemetry.metrics import WorkerMetrics
 from ledgerlm.telemetry.server import Readiness, RoleServer
@@ -74,7 +74,7 @@ class Worker:
         self.engine = engine
         self.block_size = engine.config.block_size
         self.total_blocks = engine.stats().num_blocks_total
-        self.attempts: dict[str, Attempt] = {}  # engine request id -> attempt
+        self.attempts: dict[str, Attempt] = {}  # engine request id of choice 0 -> attempt
         self.outputs: asyncio.Queue[list[RequestOutput]] = asyncio.Queue()
         self.producer = make_producer(bootstrap, client_id=self.worker_id)
         self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, client_id=self.worker_id,
@@ -129,7 +129,7 @@ class Worker:
         output = order.max_output_tokens
         if self.optimistic:
             output = min(output, self.settings.worker_headroom_tokens)
-        return blocks_for(len(order.input_token_ids) + output, self.block_size)
+        return blocks_for(len(order.input_token_ids) + output * order.sampling.n, self.block_size)
 
     def heartbeat(self, alive: bool = True) -> WorkerHeartbeat:
         return heartbeat_of(self, alive)
@@ -173,11 +173,11 @@ class Worker:
             log.info("attempt queued generation=%s epoch=%d tier=%s need_blocks=%d free_blocks=%d waiting=%d",
                      order.generation_id, order.epoch, order.tier, need, self.free_blocks, len(self.waiting))
             return
-        request = None
+        requests = []
         if reason is None:
             remaining_s = (order.deadline_at - datetime.now(UTC)).total_seconds()
             try:
-                request = engine_request(order, request_id, time.monotonic() + remaining_s)
+                requests = engine_requests(order, request_id, time.monotonic() + remaining_s)
             except ValueError:  # values the gateway refuses, arriving through Kafka anyway
                 reason = "invalid-sampling"
         if reason is not None:
@@ -186,14 +186,14 @@ class Worker:
                      order.generation_id, order.epoch, reason, need, self.free_blocks)
             await self.refuse(order, reason)
             return
-        attempt = Attempt(order, need, admitted_at=monotonic_of(order.occurred_at))
+        attempt = Attempt(order, need, admitted_at=monotonic_of(order.occurred_at), unstarted=requests[1:])
         self.attempts[request_id] = attempt
         # Watched, not awaited: the projection's attempts table and billing need it, the first token does not.
         await self.send_for(attempt, GENERATIONS, AttemptStarted(**attempt.scoped, worker_id=self.worker_id))
         if attempt.fenced:  # the send failed at once: given up before it ran
             self.attempts.pop(request_id, None)
             return
-        self._thread.add(request, order.weight)
+        self._thread.add(requests[0], order.weight)
         log.info("attempt started generation=%s epoch=%d input_tokens=%d reserved_blocks=%d",
                  order.generation_id, order.epoch, len(order.input_token_ids), need)
 
@@ -241,7 +241,13 @@ class Worker:
         attempt.cancel_ordered_at = monotonic_of(order.occurred_at)
         if order.after_interruption:
             attempt.fenced = True  # the controller already ended this epoch as Interrupted
-        self._thread.abort(attempt.request_id)
+        self.abort(attempt)
+
+    def abort(self, attempt: Attempt) -> None:
+        """Stop every choice of `attempt`: those running at the next step boundary, those not started now."""
+        attempt.end_unstarted(FinishReason.CANCELLED)
+        for request_id in attempt.engine_ids:
+            self._thread.abort(request_id)
 
     async def on_dispatch(self, event) -> None:
         if getattr(event, "worker_id", None) != self.worker_id:
@@ -266,6 +272,20 @@ class Worker:
             self.self_fenced[order.generation_id] = order.epoch
 
     def refuse_from_engine(self, request_id: str, reason: str) -> None:
+        choice = choice_of(request_id)
+        if choice > 0:  # its first choice is running: this one fails alone, like a failed step
+            attempt = self.attempts.get(attempt_id_of(request_id))
+            if attempt is not None:
+                attempt.choices[choice].ended = FinishReason.FAILED
+                attempt.choices[choice].pending_end = FINISHES[FinishReason.FAILED][2]
+                log.warning("choice refused by the engine generation=%s choice=%d reason=%s",
+                            attempt.start.generation_id, choice, reason)
+                if attempt.ended and not attempt.finishing and not attempt.fenced:
+                    attempt.finishing = True
+                    task = asyncio.get_running_loop().create_task(self.finish(attempt))
+                    self._finishing.add(task)
+                    task.add_done_callback(self._finished)
+            return
         attempt = self.attempts.pop(request_id, None)
         if attempt is not None:
             self.metrics.refused.labels(reason="engine").inc()
@@ -275,27 +295,32 @@ class Worker:
 
     # -- engine outputs ------------------------------------------------------------------------
     async def on_output(self, output: RequestOutput) -> None:
-        attempt = self.attempts.get(output.request_id)
+        attempt = self.attempts.get(attempt_id_of(output.request_id))
         if attempt is None:
             return
+        choice = choice_of(output.request_id)
         observe_output(self.metrics, attempt, output, time.monotonic())
-        attempt.observe(output)
+        attempt.observe(output, choice)
+        if attempt.unstarted and choice == 0:
+            self.start_choices(attempt, output)
         if attempt.fenced:
-            if output.finished:
-                self.attempts.pop(output.request_id, None)
+            if attempt.ended:
+                self.attempts.pop(attempt.request_id, None)
             return
-        if output.new_token_ids or output.text_delta:
-            attempt.buffer(output)
+        if output.new_token_ids or output.text_delta or output.prompt_logprobs is not None or output.finished:
+            attempt.buffer(output, choice)
             self._buffered.set()
         now = time.monotonic()
-        if output.finished:
+        if attempt.ended and not attempt.finishing:
             await self.flush(attempt, now)
             # The end waits for acknowledgements; other attempts' tokens must not wait behind it.
             attempt.finishing = True
-            task = asyncio.create_task(self.finish(attempt, output))
+            task = asyncio.create_task(self.finish(attempt))
             self._finishing.add(task)
             task.add_done_callback(self._finished)
             return
+        if output.finished:
+            await self.flush(attempt, now)  # a choice's end goes out with its last tokens
         if attempt.seq == 0 or (now - attempt.flushed_at) * 1000 >= self.settings.stream_flush_ms:
             await self.flush(attempt, now)  # the first token goes out at once: it is the TTFT
         if attempt.report_due(self.settings.usage_report_tokens, self.settings.usage_report_ms, now):
@@ -306,9 +331,9 @@ class Worker:
     async def flush(self, attempt: Attempt, now: float) -> None:
         """One stream event for the tokens buffered since the last one."""
         if attempt.has_pending:
-            token_ids, text, count = attempt.take_pending(now)
-            await self.send_for(attempt, TOKENS, TokensEmitted(
-                **attempt.scoped, seq=attempt.next_seq(), token_ids=token_ids, text_delta=text, token_count=count))
+            for fields in attempt.take_pending(now):
+                await self.send_for(attempt, TOKENS, TokensEmitted(**attempt.scoped, seq=attempt.next_seq(),
+                                                                   **fields))
 
     async def _flusher(self) -> None:
         """Buffered tokens of a stream that produced nothing new for a while still go out."""
@@ -328,11 +353,23 @@ class Worker:
             if not waiting:
                 self._buffered.clear()
 
-    async def finish(self, attempt: Attempt, output: RequestOutput) -> None:
+    def start_choices(self, attempt: Attempt, first: RequestOutput) -> None:
+        """Choices 1.. once choice 0 has run the prompt (its full blocks are in the prefix cache now), or ended
+        with it when choice 0 ended without output of its own (canceled, failed)."""
+        if first.finish_reason in (FinishReason.CANCELLED, FinishReason.FAILED, FinishReason.EXPIRED) \
+                or attempt.fenced:
+            attempt.end_unstarted(first.finish_reason or FinishReason.CANCELLED)
+            return
+        for request in attempt.unstarted:
+            self._thread.add(request, attempt.start.weight)
+        attempt.unstarted = []
+
+    async def finish(self, attempt: Attempt) -> None:
         """Final watermark and terminal event acknowledged, then the final stream event, then the release;
         only then does the attempt leave the heartbeats' list and its room go to waiting attempts. If any of
         it cannot be written, the attempt is given up (`fenced`): the controller ends it and releases."""
-        kind, finish_reason, end_reason = FINISHES[output.finish_reason]
+        await self.flush(attempt, time.monotonic())  # a choice that ended without output still says so
+        kind, finish_reason, end_reason = FINISHES[attempt.end_reason()]
         usage = attempt.usage
         watermark = UsageReported(**attempt.scoped, report_seq=attempt.next_report(time.monotonic()), usage=usage)
         terminal = terminal_event(kind, attempt.scoped, finish_reason, usage)
@@ -398,7 +435,7 @@ class Worker:
             if not attempt.fenced:
                 attempt.fenced = True
                 self.self_fenced[attempt.start.generation_id] = attempt.start.epoch
-                self._thread.abort(attempt.request_id)
+                self.abort(attempt)
         log.error("self-fenced worker=%s attempts=%d", self.worker_id, len(self.attempts))
 
     @property
@@ -415,6 +452,11 @@ class Worker:
                                     lambda rid, why: loop.call_soon_threadsafe(self.refuse_from_engine, rid, why),
                                     self.engine.config.tenant_weights)
         self._thread.start()
+        # llguidance's view of the tokenizer (~0.5 s for 49k tokens), built off the engine thread now rather than
+        # on it at the first structured request, where it would stall every stream.
+        warm = loop.run_in_executor(None, lambda: self.engine.grammars.tokenizer)
+        warm.add_done_callback(lambda f: f.exception() and log.warning(
+            "grammar tokenizer not built error=%s", type(f.exception()).__name__))
         await self.producer.start()
         await self.consumer.start()
         partitions = await partitions_of(self.consumer, DISPATCH)

@@ -5,6 +5,7 @@
     GET  /v1/generations/{id}/events   SSE stream of the generation; resumes after Last-Event-ID / ?after= (streams.py)
     POST /v1/generations/{id}/cancel   202 canceling | 200 already ended | 404
     GET  /healthz, /readyz, /metrics   alive | ready (Kafka clients running, database answers) | Prometheus text
+    GET  /health                       vLLM's readiness probe: 200 when ready, 503 otherwise
     GET  /v1/usage?from=&to=           the caller's sealed usage per hour (from the billing projection)
     /v1/models, /v1/completions, /v1/chat/completions   OpenAI-compatible (`openai_api.py`)
 
@@ -162,13 +163,20 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def wait_for_end(generation_id: str) -> dict:
-        text: list[str] = []
+        """The final payload with the text; with n > 1 choices, `choices` [{index, text, endReason}] too."""
+        texts: dict[int, list[str]] = {}
+        ends: dict[int, str | None] = {}
         async for kind, item in gateway.bridge.follow(generation_id):
             if kind == "token":
-                text.append(item.text_delta)
+                texts.setdefault(item.choice, []).append(item.text_delta)
+                ends[item.choice] = item.choice_end or ends.get(item.choice)
             elif kind == "final":
                 status = "completed" if item.reason in ("completed", "output-limit") else item.reason
-                return {**final_payload(item, generation_id), "status": status, "text": "".join(text)}
+                done = {**final_payload(item, generation_id), "status": status, "text": "".join(texts.get(0, []))}
+                if len(texts) > 1:
+                    done["choices"] = [{"index": i, "text": "".join(texts[i]), "endReason": ends.get(i)}
+                                       for i in sorted(texts)]
+                return done
         raise ApiError(504, "wait_timeout", "the generation did not end in time", {"generationId": generation_id})
 
     @app.get("/healthz")
@@ -179,6 +187,14 @@ def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI
     async def readyz():
         readiness = await gateway.readiness()
         return JSONResponse(readiness.as_json(), status_code=200 if readiness.ready else 503)
+
+    @app.get("/health", responses={503: {"description": "not ready: the failing checks are false"}})
+    async def health():
+        """vLLM's probe: 200 (empty) when ready, else 503 like /readyz."""
+        readiness = await gateway.readiness()
+        if readiness.ready:
+            return Response(status_code=200)
+        return JSONResponse(readiness.as_json(), status_code=503)
 
     @app.get("/metrics", response_class=Response)
     async def metrics():

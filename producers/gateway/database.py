@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import psycopg
 
 from producers.api_keys import could_be_key, hash_api_key
+from schemas.stream import TokenLogprob
 
 AUTH_CACHE_S = 5.0
 
@@ -22,6 +23,25 @@ class Principal:
     def max_tokens_per_request(self) -> int:
         """A request larger than this could never be admitted: it is invalid (400), not throttled (429)."""
         return min(self.max_tokens_in_flight, self.tokens_per_minute)
+
+
+@dataclass(frozen=True)
+class BufferedEvent:
+    """A token event as the resume buffer keeps it (`token_count`: the count so far; 0 where not read)."""
+
+    seq: int
+    token_ids: list[int]
+    text: str
+    token_count: int
+    choice: int
+    choice_end: str | None
+    stored_logprobs: dict | None
+
+    def logprobs(self, key: str = "logprobs") -> tuple[TokenLogprob, ...] | None:
+        entries = (self.stored_logprobs or {}).get(key)
+        if entries is None:
+            return None
+        return tuple(TokenLogprob.model_validate(e, strict=False) for e in entries)
 
 
 @dataclass(frozen=True)
@@ -111,22 +131,24 @@ class GatewayDatabase:
         return await self._fetchone("SELECT 1 FROM generations WHERE tenant_id = %s AND request_id = %s LIMIT 1",
                                     (tenant_id, request_id)) is not None
 
-    async def stream_events(self, generation_id: str, epoch: int,
-                            after_seq: int = 0) -> list[tuple[int, list[int], str]]:
-        """The resume buffer (projection of `llm.tokens`): (seq, token ids, text) of one epoch after a seq, in order."""
-        return await self._rows(
-            "SELECT seq, token_ids, text_delta FROM stream_events WHERE generation_id = %s AND epoch = %s "
-            "AND NOT is_final AND seq > %s ORDER BY seq", (generation_id, epoch, after_seq))
+    async def stream_events(self, generation_id: str, epoch: int, after_seq: int = 0) -> list[BufferedEvent]:
+        """The resume buffer (projection of `llm.tokens`): the token events of one epoch after a seq, in order."""
+        rows = await self._rows(
+            "SELECT seq, token_ids, text_delta, 0, choice, choice_end, logprobs FROM stream_events "
+            "WHERE generation_id = %s AND epoch = %s AND NOT is_final AND seq > %s ORDER BY seq",
+            (generation_id, epoch, after_seq))
+        return [BufferedEvent(*row) for row in rows]
 
-    async def stream_rows(self, generation_id: str, epoch: int,
-                          after_seq: int) -> list[tuple[int, list[int], str, int]]:
-        """The resume buffer after a seq as (seq, token ids, text, token count so far), read in one snapshot."""
-        return await self._rows(
+    async def stream_rows(self, generation_id: str, epoch: int, after_seq: int) -> list[BufferedEvent]:
+        """The resume buffer after a seq, with the token count so far of each event, read in one snapshot."""
+        rows = await self._rows(
             "SELECT e.seq, e.token_ids, e.text_delta, p.token_count - COALESCE(sum(cardinality(e.token_ids)) "
-            "OVER (ORDER BY e.seq DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) "
+            "OVER (ORDER BY e.seq DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0), e.choice, "
+            "e.choice_end, e.logprobs "
             "FROM stream_events e JOIN stream_progress p ON p.generation_id = e.generation_id "
             "AND p.epoch = e.epoch WHERE e.generation_id = %s AND e.epoch = %s AND e.seq > %s "
             "AND NOT e.is_final ORDER BY e.seq", (generation_id, epoch, after_seq))
+        return [BufferedEvent(*row) for row in rows]
 
     async def stream_progress(self, generation_id: str) -> StreamProgress | None:
         """What the resume buffer holds of a generation's newest epoch (None: nothing projected yet)."""

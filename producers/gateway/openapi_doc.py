@@ -16,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from producers.gateway.openai_requests import ChatCompletionRequest, CompletionRequest
+from producers.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest
 
 ADMISSION = ("400", "401", "404", "409", "413", "429", "503", "504")
 # (method, path) -> error statuses besides the documented successes.
@@ -26,6 +27,9 @@ RESPONSES: dict[tuple[str, str], tuple[str, ...]] = {
     ("post", "/v1/generations/{generation_id}/cancel"): ("401", "404", "503"),
     ("get", "/v1/usage"): ("400", "401"),
     ("get", "/readyz"): ("503",),
+    ("get", "/health"): ("503",),
+    ("post", "/tokenize"): ("400", "401", "404", "413", "503"),
+    ("post", "/detokenize"): ("400", "401", "404", "413", "503"),
     ("get", "/v1/models"): ("401",),
     ("get", "/v1/models/{name}"): ("401", "404"),
     ("post", "/v1/completions"): ADMISSION,
@@ -37,7 +41,8 @@ SUCCESSES: dict[tuple[str, str], tuple[str, ...]] = {
     ("post", "/v1/generations/{generation_id}/cancel"): ("200", "202"),
 }
 OPENAI_BODIES: dict[str, type[BaseModel]] = {"/v1/completions": CompletionRequest,
-                                             "/v1/chat/completions": ChatCompletionRequest}
+                                             "/v1/chat/completions": ChatCompletionRequest,
+                                             "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest}
 ERROR_SCHEMAS = {
     "Error": {"type": "object", "required": ["code", "message", "details"],
               "properties": {"code": {"type": "string"}, "message": {"type": "string"},

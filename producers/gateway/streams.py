@@ -69,15 +69,39 @@ def final_payload(final: FinalEvent, generation_id: str) -> dict:
 _quote = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str, without its dispatch
 
 
-def token_event(generation_id: str, epoch: int, seq: int, token_ids, text: str, token_count: int) -> StreamEvent:
+def logprob_entries(entries) -> list[dict]:
+    """The native form of `schemas.stream.TokenLogprob`s: {tokenId, logprob, top: [[id, logprob], ...]}."""
+    return [{"tokenId": e.token_id, "logprob": e.logprob, "top": [list(pair) for pair in e.top]} for e in entries]
+
+
+def token_event(generation_id: str, epoch: int, seq: int, token_ids, text: str, token_count: int,
+                logprobs=None, prompt_logprobs=None, choice: int = 0, choice_end: str | None = None) -> StreamEvent:
+    """A token event; `logprobs` / `promptLogprobs` appear only when the generation asked for them, `choice`
+    (absent: 0) and `choiceEnd` only for a generation of n > 1 choices."""
     ids = list(token_ids)
     quoted = _quote(text)
+    data = {"generationId": generation_id, "epoch": epoch, "seq": seq, "tokenIds": ids, "text": text,
+            "textDelta": text, "tokenCount": token_count}
+    if logprobs is not None or prompt_logprobs is not None or choice or choice_end is not None:
+        if logprobs is not None:
+            data["logprobs"] = logprob_entries(logprobs)
+        if prompt_logprobs is not None:
+            data["promptLogprobs"] = logprob_entries(prompt_logprobs)
+        if choice or choice_end is not None:
+            data["choice"] = choice
+            data["choiceEnd"] = choice_end
+        return StreamEvent("token", data, seq)
     # The same JSON json.dumps would write for `data`, formatted directly: every streamed token passes here.
     encoded = (f'{{"generationId":{_quote(generation_id)},"epoch":{epoch:d},"seq":{seq:d},'
                f'"tokenIds":[{",".join(map(str, ids))}],"text":{quoted},"textDelta":{quoted},'
                f'"tokenCount":{token_count:d}}}')
-    return StreamEvent("token", {"generationId": generation_id, "epoch": epoch, "seq": seq, "tokenIds": ids,
-                                 "text": text, "textDelta": text, "tokenCount": token_count}, seq, encoded)
+    return StreamEvent("token", data, seq, encoded)
+
+
+def buffered_event(generation_id: str, epoch: int, row, token_count: int) -> StreamEvent:
+    """A token event from the resume buffer (`producers.gateway.database.BufferedEvent`)."""
+    return token_event(generation_id, epoch, row.seq, row.token_ids, row.text, token_count, row.logprobs(),
+                       row.logprobs("prompt_logprobs"), row.choice, row.choice_end)
 
 
 def parse_cursor(last_event_id: str | None, after: str | None) -> int:
@@ -133,9 +157,9 @@ async def follow_buffer(bridge: StreamBridge, db: GatewayDatabase, generation_id
     last_seq = after
     epoch = status.get("epoch")
     if epoch:
-        for seq, token_ids, text, token_count in await db.stream_rows(generation_id, epoch, after):
-            yield token_event(generation_id, epoch, seq, token_ids, text, token_count)
-            last_seq = seq
+        for row in await db.stream_rows(generation_id, epoch, after):
+            yield buffered_event(generation_id, epoch, row, row.token_count)
+            last_seq = row.seq
     if status["status"] in TERMINAL:
         progress = await db.stream_progress(generation_id)
         if progress is not None and progress.epoch == epoch:
@@ -165,7 +189,8 @@ async def follow_live(bridge: StreamBridge, db: GatewayDatabase, generation_id: 
                     return
                 for event in filled:
                     yield event
-            yield token_event(generation_id, item.epoch, item.seq, item.token_ids, item.text_delta, item.token_count)
+            yield token_event(generation_id, item.epoch, item.seq, item.token_ids, item.text_delta, item.token_count,
+                              item.logprobs, item.prompt_logprobs, item.choice, item.choice_end)
             last_seq = item.seq
         elif kind == "final":
             yield StreamEvent("final", final_payload(item, generation_id), item.seq)
@@ -178,14 +203,14 @@ async def fill_gap(db: GatewayDatabase, generation_id: str, first_live, last_seq
     loop = asyncio.get_running_loop()
     deadline = loop.time() + GAP_WAIT_S
     while True:
-        rows = [r for r in await db.stream_rows(generation_id, first_live.epoch, last_seq) if r[0] < first_live.seq]
-        if [r[0] for r in rows] == list(range(last_seq + 1, first_live.seq)):
+        rows = [r for r in await db.stream_rows(generation_id, first_live.epoch, last_seq) if r.seq < first_live.seq]
+        if [r.seq for r in rows] == list(range(last_seq + 1, first_live.seq)):
             # Counts from the live event backwards: the buffer's own counts may be newer than its rows.
             count = first_live.token_count - len(first_live.token_ids)
             events = []
-            for seq, token_ids, text, _ in reversed(rows):
-                events.append(token_event(generation_id, first_live.epoch, seq, token_ids, text, count))
-                count -= len(token_ids)
+            for row in reversed(rows):
+                events.append(buffered_event(generation_id, first_live.epoch, row, count))
+                count -= len(row.token_ids)
             return events[::-1]
         if loop.time() > deadline:
             return None

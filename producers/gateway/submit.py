@@ -34,7 +34,7 @@ async def refuse_without_workers(gateway: "Gateway", principal: Principal, body:
     """503 at once when no live worker could ever take the request (see `producers.gateway.workers`)."""
     if not gateway.workers_follower.caught_up.is_set():
         return
-    total = len(prompt.token_ids) + body.max_output_tokens
+    total = len(prompt.token_ids) + prompt.max_output_tokens * prompt.sampling.n
     if gateway.board.could_serve(gateway.catalog.versions_of(body.model), total, time.time()):
         return
     if gateway.bridge.knows_request(principal.tenant_id, body.request_id) or \
@@ -53,7 +53,7 @@ async def submit_generation(gateway: "Gateway", principal: Principal, body: Gene
     command = SubmitGeneration(
         tenant_id=principal.tenant_id, request_id=body.request_id, gateway_id=admission.gateway_id,
         correlation_id=admission.correlation_id(), model_version=body.model,
-        input_token_ids=prompt.token_ids, max_output_tokens=body.max_output_tokens, sampling=prompt.sampling,
+        input_token_ids=prompt.token_ids, max_output_tokens=prompt.max_output_tokens, sampling=prompt.sampling,
         tier=body.tier, payload_hash=prompt.payload_hash, plane=settings.controller_group)
     timing: list[float] = []
     decision = await admission.decide(command, settings.admission_timeout_ms / 1000, timing)

@@ -172,10 +172,10 @@ async def test_min_tokens_and_ignore_eos_reach_the_engine(gateway, worker, clien
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"n": 2}, "n"),
+    ({"n": 17}, "n"),
     ({"extra_body": {"min_tokens": 3}}, "min_tokens"),  # more than max_tokens
     ({"extra_body": {"ignore_eos": "sometimes"}}, "ignore_eos"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"extra_body": {"best_of": 3}}, "best_of"),
     ({"extra_body": {"no_such_field": 1}}, "no_such_field"),
     ({"max_tokens": 0}, "max_tokens"),

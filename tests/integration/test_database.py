@@ -28,7 +28,7 @@ def test_upgrade_downgrade_upgrade(scratch_database):
     runner.upgrade(scratch_database)
     assert tables(scratch_database) == TABLES
     with psycopg.connect(scratch_database) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0003",)
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0004",)
 
 
 def test_migration_into_a_named_schema_leaves_public_alone(scratch_database):
