@@ -24,7 +24,7 @@ from email.utils import parsedate_to_datetime
 import httpx
 
 from bench.capacity_prompts import ChatPrompt
-from bench.serve_client import Target, sse_events, spread_usage
+from bench.serve_client import Target, on_openai_chunk, sse_events, spread_usage
 from bench.serve_metrics import RequestRecord
 
 REFUSALS = (429, 503)
@@ -91,24 +91,6 @@ def chat_body(target: Target, prompt: ChatPrompt, mix: Mix) -> dict:
     return body
 
 
-def on_chat_chunk(record: RequestRecord, data: str | None, now: float) -> None:
-    """A chunk with content is one token chunk (ledgerlm may coalesce several tokens: the usage fixes the count)."""
-    if data is None or data == "[DONE]":
-        return
-    payload = json.loads(data)
-    if "error" in payload:
-        record.error = "stream_error"
-        return
-    for choice in payload.get("choices") or []:
-        if (choice.get("delta") or {}).get("content"):
-            record.token_chunks.append((now, 1))
-        if choice.get("finish_reason"):
-            record.end_reason = choice["finish_reason"]
-    if usage := payload.get("usage"):
-        record.prompt_tokens = usage.get("prompt_tokens")
-        record.output_tokens = usage.get("completion_tokens", 0)
-
-
 def finish_record(record: RequestRecord) -> None:
     """Without a usage chunk, each content chunk counts one token; with one, its count is spread over them."""
     if record.output_tokens == 0:
@@ -146,7 +128,7 @@ async def read_chat_stream(response: httpx.Response, record: RequestRecord, t0: 
             continue
         _, data = sse_events(block)
         block = []
-        on_chat_chunk(record, data, time.monotonic() - t0)
+        on_openai_chunk(record, data, time.monotonic() - t0)
 
 
 async def closed_loop(target: Target, prompts: Sequence[ChatPrompt], mix: Mix, concurrency: int,

@@ -75,7 +75,8 @@ def on_native_event(record: RequestRecord, event: str | None, data: str | None, 
 
 
 def on_openai_chunk(record: RequestRecord, data: str | None, now: float) -> None:
-    """One chunk is one token event; the final usage fixes the token count (a chunk may carry several)."""
+    """One chunk with text (a completion's `text`, a chat's `delta.content`) is one token event; the final usage
+    fixes the token count (a chunk may carry several)."""
     if data is None or data == "[DONE]":
         return
     payload = json.loads(data)
@@ -83,7 +84,7 @@ def on_openai_chunk(record: RequestRecord, data: str | None, now: float) -> None
         record.error = "stream_error"
         return
     for choice in payload.get("choices") or []:
-        if choice.get("text"):
+        if choice.get("text") or (choice.get("delta") or {}).get("content"):
             record.token_chunks.append((now, 1))
         if choice.get("finish_reason"):
             record.end_reason = choice["finish_reason"]

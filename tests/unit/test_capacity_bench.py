@@ -9,8 +9,9 @@ import httpx
 import pytest
 
 from bench.capacity_bench import QUICK, configure, engine_concurrencies, mark_working_sets
-from bench.capacity_client import (CUT, MIXES, ChatAttempt, chat_body, closed_loop, finish_record, on_chat_chunk,
+from bench.capacity_client import (CUT, MIXES, ChatAttempt, chat_body, closed_loop, finish_record,
                                    retry_after_s)
+from bench.serve_client import on_openai_chunk
 from bench.capacity_engine import ClosedLoop
 from bench.capacity_metrics import (client_summary, histogram_quantiles, kv_usage, ratios, saturation,
                                     working_set)
@@ -46,19 +47,19 @@ def test_retry_after_reads_seconds_and_dates_and_defaults_to_one_second():
 def test_chat_chunks_count_content_only_and_usage_fixes_the_token_count():
     record = ChatAttempt(0, "ledgerlm", "a", "chat", sent_at=0.1, status=200)
     chunk = lambda delta, **more: json.dumps({"choices": [{"index": 0, "delta": delta, **more}]})  # noqa: E731
-    on_chat_chunk(record, chunk({"role": "assistant", "content": ""}), 0.2)  # the role chunk is no token
-    on_chat_chunk(record, chunk({"content": "The cap"}), 0.4)  # ledgerlm coalesces: several tokens per chunk
-    on_chat_chunk(record, chunk({"content": "ital."}), 0.6)
-    on_chat_chunk(record, chunk({}, finish_reason="stop"), 0.7)
-    on_chat_chunk(record, json.dumps({"choices": [], "usage": {"prompt_tokens": 128, "completion_tokens": 5}}), 0.7)
-    on_chat_chunk(record, "[DONE]", 0.8)
+    on_openai_chunk(record, chunk({"role": "assistant", "content": ""}), 0.2)  # the role chunk is no token
+    on_openai_chunk(record, chunk({"content": "The cap"}), 0.4)  # ledgerlm coalesces: several tokens per chunk
+    on_openai_chunk(record, chunk({"content": "ital."}), 0.6)
+    on_openai_chunk(record, chunk({}, finish_reason="stop"), 0.7)
+    on_openai_chunk(record, json.dumps({"choices": [], "usage": {"prompt_tokens": 128, "completion_tokens": 5}}), 0.7)
+    on_openai_chunk(record, "[DONE]", 0.8)
     finish_record(record)
     assert record.token_chunks == [(0.4, 3), (0.6, 2)] and record.output_tokens == 5
     assert record.end_reason == "stop" and record.prompt_tokens == 128 and record.completed
     assert record.ttft == pytest.approx(0.3) and record.itl == pytest.approx(0.05)
     bare = ChatAttempt(1, "transformers_serve", "b", "chat", sent_at=0.0, status=200)
     for at in (0.1, 0.2):
-        on_chat_chunk(bare, chunk({"content": "x"}), at)
+        on_openai_chunk(bare, chunk({"content": "x"}), at)
     finish_record(bare)  # no usage chunk: one token per content chunk
     assert bare.output_tokens == 2 and bare.token_chunks == [(0.1, 1), (0.2, 1)]
 
