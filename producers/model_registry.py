@@ -15,6 +15,8 @@ from pathlib import Path
 
 from consumers.kafka.clients import make_producer, publish
 from consumers.kafka.follower import Follower
+from schemas.envelope import Envelope
+from schemas.model_book import ModelBook
 from schemas.model_rollout import RESERVED_PREFIXES
 from schemas.registry_events import ModelVersionRegistered
 from schemas.topics import MODELS
@@ -77,21 +79,31 @@ def describe(model_dir: str | Path, name: str, dtype: str = "float32", block_siz
     )
 
 
-async def registered_versions(bootstrap: str) -> dict[str, ModelVersionRegistered]:
-    """Every registered version (the first record per name wins: versions are immutable)."""
-    versions: dict[str, ModelVersionRegistered] = {}
-
-    def keep(_topic, event):
-        if isinstance(event, ModelVersionRegistered):
-            versions.setdefault(event.model_version, event)
-
-    follower = Follower(bootstrap, [MODELS], keep, client_id="model-registry")
+async def read_model_book(bootstrap: str) -> ModelBook:
+    """`llm.models` folded up to its current end: versions, qualifications, aliases."""
+    book = ModelBook()
+    follower = Follower(bootstrap, [MODELS], lambda _topic, event: book.observe(event), client_id="model-registry")
     await follower.start()
     try:
         await follower.catch_up()
     finally:
         await follower.stop()
-    return versions
+    return book
+
+
+async def registered_versions(bootstrap: str) -> dict[str, ModelVersionRegistered]:
+    """Every registered version (the first record per name wins: versions are immutable)."""
+    return (await read_model_book(bootstrap)).versions
+
+
+async def publish_model_record(bootstrap: str, event: Envelope) -> None:
+    """One record on `llm.models`, acknowledged."""
+    producer = make_producer(bootstrap)
+    await producer.start()
+    try:
+        await publish(producer, MODELS, event)
+    finally:
+        await producer.stop()
 
 
 async def register_model(bootstrap: str, model_dir: str | Path, name: str) -> Registration:
@@ -104,10 +116,5 @@ async def register_model(bootstrap: str, model_dir: str | Path, name: str) -> Re
         if existing.content_sha256 != event.content_sha256:
             raise ModelVersionConflict(f"model version {name!r} is already registered with different content")
         return Registration(existing, created=False)
-    producer = make_producer(bootstrap)
-    await producer.start()
-    try:
-        await publish(producer, MODELS, event)
-    finally:
-        await producer.stop()
+    await publish_model_record(bootstrap, event)
     return Registration(event, created=True)

@@ -14,15 +14,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from consumers.kafka.clients import make_producer, publish
-from consumers.kafka.follower import Follower
 from engine.golden import GOLDEN_FILE, GoldenReport, load_golden, run_golden  # light: no torch here
 from ledgerlm.settings import Settings
-from schemas.envelope import Envelope
+from producers.model_registry import publish_model_record, read_model_book
 from schemas.model_book import ModelBook
 from schemas.model_rollout import ModelAliasSet, ModelQualified
 from schemas.registry_events import ModelVersionRegistered
-from schemas.topics import MODELS
 
 
 class RolloutError(Exception):
@@ -33,27 +30,6 @@ class RolloutError(Exception):
 class Qualification:
     event: ModelQualified
     report: GoldenReport
-
-
-async def read_model_book(bootstrap: str) -> ModelBook:
-    """`llm.models` folded up to its current end."""
-    book = ModelBook()
-    follower = Follower(bootstrap, [MODELS], lambda _topic, event: book.observe(event), client_id="model-rollout")
-    await follower.start()
-    try:
-        await follower.catch_up()
-    finally:
-        await follower.stop()
-    return book
-
-
-async def publish_record(bootstrap: str, event: Envelope) -> None:
-    producer = make_producer(bootstrap)
-    await producer.start()
-    try:
-        await publish(producer, MODELS, event)
-    finally:
-        await producer.stop()
 
 
 # -- aliases ---------------------------------------------------------------------------
@@ -87,7 +63,7 @@ def alias_record(book: ModelBook, alias: str, weights: dict[str, int], now: date
 async def set_alias(bootstrap: str, alias: str, weights: dict[str, int]) -> ModelAliasSet:
     """Publish the alias's new weights (the latest record wins: a rollback is new weights)."""
     event = alias_record(await read_model_book(bootstrap), alias, weights, datetime.now(UTC))
-    await publish_record(bootstrap, event)
+    await publish_model_record(bootstrap, event)
     return event
 
 
@@ -123,5 +99,5 @@ async def qualify(bootstrap: str, version: str, settings: Settings,
     event = ModelQualified(model_version=version, passed=report.passed, prompts=len(report.results),
                            failures=report.failures, content_sha256=registered.content_sha256,
                            qualified_at=datetime.now(UTC))
-    await publish_record(bootstrap, event)
+    await publish_model_record(bootstrap, event)
     return Qualification(event, report)
