@@ -79,3 +79,18 @@ def record_schedules(engine: Engine) -> list:
 
     engine.scheduler.schedule = spy
     return seen
+
+
+def make_running(scheduler, bm, rid: str, weight: float, arrival: int, batch: bool = False):
+    """A running sequence of 4 computed prompt tokens plus one sampled token: a decode is due, needing a
+    second block (block size 4)."""
+    from engine.sequence import Sequence, SequenceStatus
+
+    seq = Sequence.from_request(EngineRequest(rid, (1,) * 4, batch=batch), arrival, weight)
+    assert bm.allocate(seq, 4)
+    seq.num_computed_tokens = 4
+    seq.token_ids.append(2)
+    seq.status = SequenceStatus.RUNNING
+    seq.started = True
+    scheduler.running.append(seq)
+    return seq

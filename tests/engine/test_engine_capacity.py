@@ -10,24 +10,10 @@ from engine.config import EngineConfig
 from engine.errors import EngineError
 from engine.kv_sizing import (MemoryPolicy, check_holds_one_request, cpu_pool_bytes, gpu_pool_bytes,
                               parse_bytes)
-from engine.request import EngineRequest
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceStatus
-from engine_factories import make_request, run_engine, tokens_of
+from engine_factories import make_request, make_running, run_engine, tokens_of
 
 GiB = 1 << 30
-
-
-def make_running(scheduler: Scheduler, bm: BlockManager, rid: str, weight: float, arrival: int,
-                 batch: bool = False) -> Sequence:
-    seq = Sequence.from_request(EngineRequest(rid, (1,) * 4, batch=batch), arrival, weight)
-    assert bm.allocate(seq, 4)
-    seq.num_computed_tokens = 4
-    seq.token_ids.append(2)  # a decode is due and needs a second block
-    seq.status = SequenceStatus.RUNNING
-    seq.started = True
-    scheduler.running.append(seq)
-    return seq
 
 
 def test_pool_running_dry_preempts_batch_first_then_lowest_weight():

@@ -5,8 +5,8 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.request import EngineRequest, FinishReason, SamplingParams
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceStatus
-from engine_factories import finish_of, make_request, run_engine, tokens_of
+from engine.sequence import SequenceStatus
+from engine_factories import finish_of, make_request, make_running, run_engine, tokens_of
 
 
 def decode_shares(make_engine, weights: dict[str, float], counts: dict[str, int]) -> dict[str, int]:
@@ -56,17 +56,6 @@ def test_deadline_passing_in_queue_expires_without_starting(make_engine):
     ]
     assert finish_of(outputs["ok"]) is FinishReason.LENGTH and len(tokens_of(outputs["ok"])) == 4
     assert len(tokens_of(outputs["long"])) == 6
-
-
-def make_running(scheduler: Scheduler, bm: BlockManager, rid: str, weight: float, arrival: int) -> Sequence:
-    seq = Sequence.from_request(EngineRequest(rid, (1,) * 4), arrival, weight)
-    assert bm.allocate(seq, 4)
-    seq.num_computed_tokens = 4
-    seq.token_ids.append(2)  # one sampled token: a decode is due, needing a second block
-    seq.status = SequenceStatus.RUNNING
-    seq.started = True
-    scheduler.running.append(seq)
-    return seq
 
 
 def test_preemption_picks_lowest_weight_then_newest():
