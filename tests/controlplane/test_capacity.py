@@ -12,14 +12,15 @@ from schemas.dispatch import StartAttempt
 from schemas.registry_events import WorkerHeartbeat
 from schemas.values import SamplingParams
 from tests.controlplane.conftest import SESSION, body, own_version, read_topic, wait_until
+from tests.controlplane.test_metrics import scrape, value
 
 
 async def test_optimistic_attempt_reserves_prompt_plus_headroom_then_grows_and_finishes(
         gateway, start_worker, controller, tenants, bootstrap, model_dir):
     version = await own_version(bootstrap, model_dir, gateway, "optimistic")
-    worker = await start_worker(version, blocks=64, reservation="optimistic", worker_headroom_tokens=16)
+    worker = await routed(controller, gateway, start_worker, version, blocks=64, reservation="optimistic",
+                          worker_headroom_tokens=16)
     assert worker.heartbeat().reservation == "optimistic" and worker.heartbeat().headroom_tokens == 16
-    await asyncio.sleep(0.6)  # a heartbeat reaches the controller
     created = await gateway.post("/v1/generations", headers=tenants["main"].headers,
                                  json=body(model=version, maxOutputTokens=300))
     assert created.status_code == 201, created.text
@@ -35,8 +36,7 @@ async def test_optimistic_attempt_reserves_prompt_plus_headroom_then_grows_and_f
 async def test_queued_attempt_past_its_deadline_ends_expired_and_unbilled(gateway, start_worker, controller,
                                                                           tenants, producer, bootstrap, model_dir):
     version = await own_version(bootstrap, model_dir, gateway, "deadline")
-    small = await start_worker(version, blocks=32)  # full reservation: 512 tokens of KV
-    await asyncio.sleep(0.6)
+    small = await routed(controller, gateway, start_worker, version, blocks=32)  # full reservation: 512 tokens of KV
     busy = await gateway.post("/v1/generations", headers=tenants["main"].headers,
                               json=body(model=version, maxOutputTokens=400))  # 26 of 32 blocks
     assert busy.status_code == 201, busy.text
@@ -90,6 +90,24 @@ async def test_interactive_request_beyond_the_predicted_wait_gets_503_with_retry
         await publish(producer, "llm.workers", fake.model_copy(update={"alive": False}))
 
 
+async def routed(controller, gateway, start_worker, *args, **overrides):
+    """A worker started, once the controller counts it live: the gateway's board (the same heartbeats) sees
+    it, and the controller counts at least as many live workers as that board does."""
+    worker = await start_worker(*args, **overrides)
+    board, url = gateway.gateway.board, await controller.metrics_url()
+
+    def live_on_board() -> int:
+        return sum(board.is_live(hb, time.time()) for hb in board.latest.values())
+
+    await wait_until(lambda: (hb := board.latest.get(worker.worker_id)) and board.is_live(hb, time.time()), 15,
+                     what="the worker's heartbeat")
+    deadline = time.monotonic() + 15
+    while value(await scrape(url), "ledgerlm:workers_live") < live_on_board():
+        assert time.monotonic() < deadline, "the controller never counted the worker live"
+        await asyncio.sleep(0.05)
+    return worker
+
+
 async def wait_until_found(bootstrap, topic, since_ms, match, timeout_s: float = 15):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -105,8 +123,8 @@ async def test_pool_running_dry_preempts_and_the_stream_resumes_without_gap_or_r
     # 32 blocks (512 tokens), optimistic: both attempts are accepted with 2 blocks each, then each grows
     # to 26 blocks, so the pool runs dry and the newer one is preempted and recomputed.
     version = await own_version(bootstrap, model_dir, gateway, "preempt")
-    small = await start_worker(version, blocks=32, reservation="optimistic", worker_headroom_tokens=16)
-    await asyncio.sleep(0.6)
+    small = await routed(controller, gateway, start_worker, version, blocks=32, reservation="optimistic",
+                         worker_headroom_tokens=16)
     headers, bridge = tenants["main"].headers, gateway.gateway.bridge
     inputs = ("the water is", "people made the words")
     created = await asyncio.gather(*(gateway.post("/v1/generations", headers=headers,

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from consumers.kafka.clients import publish
 from schemas.dispatch import DrainWorker, StartAttempt
 from tests.controlplane.conftest import own_version, body, read_topic, wait_until
+from tests.controlplane.test_capacity import routed
 from tests.controlplane.test_metrics import scrape, value
 
 
@@ -71,8 +72,7 @@ async def wait_until_found(bootstrap, since_ms, order, timeout_s: float = 10):
 
 async def test_work_waits_on_a_full_worker_and_interactive_starts_before_batch(gateway, start_worker, controller,
                                                                              tenants, versions):
-    small = await start_worker("batch", blocks=8)  # 128 tokens of KV, full reservation
-    await asyncio.sleep(0.6)
+    small = await routed(controller, gateway, start_worker, "batch", blocks=8)  # 128 tokens of KV, full reservation
     headers, bridge = tenants["main"].headers, gateway.gateway.bridge
     running = await gateway.post("/v1/generations", headers=headers,
                                  json=body(model=versions["batch"], maxOutputTokens=100))  # 7 of 8 blocks
