@@ -18,10 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import psycopg
-from aiokafka import AIOKafkaConsumer
 
 from bench.chaos_clients import ClientResult
-from consumers.kafka.clients import partitions_of, read_to_end
+from consumers.kafka.clients import Kafka, make_consumer, partitions_of, read_to_end
 from schemas.codec import DecodeError, decode
 from schemas.lifecycle import TERMINAL_TYPES
 from schemas.topics import CONTROL_CHANGELOG, GENERATIONS
@@ -37,10 +36,9 @@ class LogRecord:
     value: bytes | None
 
 
-async def read_log(bootstrap: str, topic: str) -> list[LogRecord]:
+async def read_log(kafka: Kafka, topic: str) -> list[LogRecord]:
     """Every committed record of `topic`, from offset 0 to the end as of now."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                isolation_level="read_committed", request_timeout_ms=30000)
+    consumer = make_consumer(kafka, client_id="chaos-read-log", auto_offset_reset="latest", request_timeout_ms=30000)
     await consumer.start()
     found: list[LogRecord] = []
     try:

@@ -18,11 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psycopg
-from aiokafka.admin import AIOKafkaAdminClient
 
 from bench.chaos_checks import LogRecord, generation_events
 from bench.chaos_roles import Role
-from consumers.kafka.clients import make_producer, publish
+from consumers.kafka.clients import Kafka, make_admin, make_producer, publish
 from infra.services import LocalServices
 from infra.state import ServicesState
 from migrations import runner
@@ -74,8 +73,8 @@ async def kill_broker(plane: Plane, journal: FaultLog, down_s: float) -> None:
                restart_s=round(time.monotonic() - began, 1))
 
 
-async def leader_of(bootstrap: str, topic: str, partition: int) -> int:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+async def leader_of(kafka: Kafka, topic: str, partition: int) -> int:
+    admin = make_admin(kafka, client_id="chaos-leader")
     await admin.start()
     try:
         described = await admin.describe_topics([topic])

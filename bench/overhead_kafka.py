@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.proc_cpu import PROC
+from consumers.kafka.clients import Kafka
 
 
 @dataclass(frozen=True)
@@ -64,11 +65,13 @@ def segment_bytes(log_dirs: list[Path]) -> dict[str, int]:
     return sizes
 
 
-async def partition_end_offsets(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
+async def partition_end_offsets(kafka: Kafka, topics: list[str]) -> dict[tuple[str, int], int]:
     """End offset of every partition of `topics` (internal topics included when asked for)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, client_id="bench-overhead", enable_auto_commit=False)
+    from consumers.kafka.clients import make_consumer
+
+    consumer = make_consumer(kafka, client_id="bench-overhead", auto_offset_reset="latest")
     await consumer.start()
     try:
         await consumer._client.force_metadata_update()  # noqa: SLF001 - internal topics need fresh metadata

@@ -4,12 +4,13 @@ from __future__ import annotations
 import asyncio
 
 import psycopg
-from aiokafka.admin import AIOKafkaAdminClient
+
+from consumers.kafka.clients import Kafka, make_admin
 
 
-async def kafka_topics(bootstrap: str, timeout_s: float = 5.0) -> list[str] | None:
+async def kafka_topics(kafka: Kafka, timeout_s: float = 5.0) -> list[str] | None:
     """The broker's topic names, or None when it cannot be reached in time."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    admin = make_admin(kafka, request_timeout_ms=int(timeout_s * 1000), client_id="ledgerlm-health")
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
         return sorted(await asyncio.wait_for(admin.list_topics(), timeout_s))
@@ -22,8 +23,8 @@ async def kafka_topics(bootstrap: str, timeout_s: float = 5.0) -> list[str] | No
             pass
 
 
-def kafka_up(bootstrap: str, timeout_s: float = 5.0) -> bool:
-    return asyncio.run(kafka_topics(bootstrap, timeout_s)) is not None
+def kafka_up(kafka: Kafka, timeout_s: float = 5.0) -> bool:
+    return asyncio.run(kafka_topics(kafka, timeout_s)) is not None
 
 
 def postgres_up(url: str, timeout_s: float = 3.0) -> bool:

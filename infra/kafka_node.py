@@ -8,15 +8,24 @@ Layout under `<home>/kafka/` (or the directory the cluster gives it):
     server.properties  written on each start from the chosen ports
     log4j2.properties  broker logs go to broker.log, not the terminal
     data/              formatted log dirs (meta.properties marks a formatted dir)
+
+A single node also listens with SASL_PLAINTEXT (SCRAM-SHA-256) beside PLAINTEXT:
+its principals (`PRINCIPALS`) and their generated passwords are written to a
+0600 JSON file before the storage is formatted with `--add-scram`, so the
+credentials exist before the broker first opens a port. Storage formatted
+before that file existed gets no SASL listener (nobody could log in to it).
 """
 from __future__ import annotations
 
+import json
+import secrets
 import shutil
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.credentials import write_secret_file
 from infra.errors import InfraError
 from infra.ports import free_port, is_port_open
 from infra.processes import cmdline, is_alive, kill_group, spawn, terminate
@@ -25,6 +34,14 @@ from infra.state import ServiceRecord
 POM = Path(__file__).parent / "kafka" / "pom.xml"
 MAIN_CLASS = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
+SCRAM_MECHANISM = "SCRAM-SHA-256"
+PRINCIPALS = ("admin", "controller", "worker", "gateway", "projector")
+SASL_LISTENER = [
+    f"sasl.enabled.mechanisms={SCRAM_MECHANISM}",
+    f"listener.name.sasl_plaintext.sasl.enabled.mechanisms={SCRAM_MECHANISM}",
+    f"listener.name.sasl_plaintext.{SCRAM_MECHANISM.lower()}.sasl.jaas.config="
+    "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+]
 
 LOG4J2 = """\
 status = warn
@@ -62,8 +79,9 @@ class KafkaNode:
     """Resolves, formats, starts and stops one local broker; knows nothing of topics."""
 
     def __init__(self, home: Path, heap: str = "768m", jars: Path | None = None, node_id: int = 1,
-                 directory: Path | None = None) -> None:
+                 directory: Path | None = None, scram_file: Path | None = None) -> None:
         self.dir = directory or home / "kafka"
+        self.scram_file = scram_file  # where a SASL listener's credentials live; None: PLAINTEXT only
         self.jars = jars or home / "kafka-jars"
         self.heap = heap
         self.node_id = node_id
@@ -97,21 +115,34 @@ class KafkaNode:
     def _classpath(self) -> str:
         return str(self.jars / "*")
 
-    def _write_configs(self, port: int, controller_port: int, quorum: Quorum | None) -> Path:
+    def scram_passwords(self) -> dict[str, str]:
+        """principal -> password of the SASL listener ({} when it has none)."""
+        if self.scram_file is None or not self.scram_file.is_file():
+            return {}
+        return json.loads(self.scram_file.read_text())["passwords"]
+
+    def _sasl_enabled(self) -> bool:
+        formatted = (self.dir / "data" / "meta.properties").exists()
+        return self.scram_file is not None and (self.scram_file.is_file() or not formatted)
+
+    def _write_configs(self, port: int, controller_port: int, quorum: Quorum | None,
+                       sasl_port: int | None = None) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "log4j2.properties").write_text(LOG4J2.format(log=self.dir / "broker.log"))
         replication, min_isr = (quorum.replication, min(2, quorum.replication)) if quorum else (1, 1)
         voters = (f"controller.quorum.voters={quorum.voters}" if quorum
                   else f"controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}")
         props = self.dir / "server.properties"
+        sasl = f",SASL_PLAINTEXT://127.0.0.1:{sasl_port}" if sasl_port else ""
         props.write_text("\n".join([
             "process.roles=broker,controller",
             f"node.id={self.node_id}",
-            f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{port}{sasl},CONTROLLER://127.0.0.1:{controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}{sasl}",
             "controller.listener.names=CONTROLLER",
             "inter.broker.listener.name=PLAINTEXT",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+            *(SASL_LISTENER if sasl_port else []),
             voters,
             f"log.dirs={self.dir / 'data'}",
             "num.partitions=6",
@@ -135,9 +166,20 @@ class KafkaNode:
             return
         if quorum is None:
             self._run_tool(java, ["format", "--standalone", f"--cluster-id={self.random_cluster_id(java)}",
-                                  "-c", str(props)])
+                                  "-c", str(props), *self._scram_arguments()])
         else:  # the voters are static (controller.quorum.voters): no --standalone / --initial-controllers
             self._run_tool(java, ["format", f"--cluster-id={quorum.cluster_id}", "-c", str(props)])
+
+    def _scram_arguments(self) -> list[str]:
+        """`--add-scram` for each principal, with passwords generated now (URL-safe: no `,` `]` `=` to escape).
+
+        The storage tool takes them only as arguments: they are on its command line for the second it runs."""
+        if self.scram_file is None:
+            return []
+        passwords = {name: secrets.token_urlsafe(24) for name in PRINCIPALS}
+        write_secret_file(self.scram_file, json.dumps({"mechanism": SCRAM_MECHANISM, "passwords": passwords}))
+        return [arg for name, password in passwords.items()
+                for arg in ("--add-scram", f"{SCRAM_MECHANISM}=[name={name},password={password}]")]
 
     def random_cluster_id(self, java: str | None = None) -> str:
         return self._run_tool(java or self.java(), ["random-uuid"]).strip().splitlines()[-1]
@@ -166,16 +208,22 @@ class KafkaNode:
         port = _claim(port, record.port or 19092, "Kafka broker", "LEDGERLM_KAFKA_PORT")
         controller_port = _claim(controller_port, int(record.extra.get("controller_port", 0)) or 19093,
                                  "Kafka controller", "LEDGERLM_KAFKA_CONTROLLER_PORT", avoid=port)
-        started = self.launch(port, controller_port, None)
+        sasl_port = None
+        if self._sasl_enabled():
+            sasl_port = _claim(None, int(record.extra.get("sasl_port", 0)) or 19094, "Kafka SASL listener", "",
+                               avoid=port)
+            sasl_port = free_port(0) if sasl_port == controller_port else sasl_port
+        started = self.launch(port, controller_port, None, sasl_port)
         self.wait_listening(started, timeout_s)
         return started
 
-    def launch(self, port: int, controller_port: int, quorum: Quorum | None) -> ServiceRecord:
+    def launch(self, port: int, controller_port: int, quorum: Quorum | None,
+               sasl_port: int | None = None) -> ServiceRecord:
         """Format (once) and spawn the JVM without waiting: a cluster node opens its broker port only
         once a majority of the quorum is up, so a cluster launches every node before waiting on any."""
         java = self.java()
         self.resolve_jars()
-        props = self._write_configs(port, controller_port, quorum)
+        props = self._write_configs(port, controller_port, quorum, sasl_port)
         self._format(java, props, quorum)
         pid = spawn(
             [java, f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
@@ -183,7 +231,10 @@ class KafkaNode:
              MAIN_CLASS, str(props)],
             self.dir / "stdout.log",
         )
-        return ServiceRecord(pid=pid, port=port, extra={"controller_port": controller_port})
+        extra: dict[str, int | str] = {"controller_port": controller_port}
+        if sasl_port:
+            extra["sasl_port"] = sasl_port
+        return ServiceRecord(pid=pid, port=port, extra=extra)
 
     def wait_listening(self, record: ServiceRecord, timeout_s: float) -> None:
         """Wait until the broker port answers; a node that died or never opened it is stopped and named."""

@@ -3,6 +3,11 @@
 PostgreSQL refuses to run as root, so when we are root the cluster belongs to
 the `postgres` system user (created by the Debian package) and every server
 binary runs through `runuser`.
+
+Every connection, over TCP or the socket, authenticates with scram-sha-256 as
+`postgres` with a password generated at initdb and kept in
+`<home>/credentials/postgres-password` (mode 0600). fsync stays on: a crash of
+the machine must not corrupt the projections' offsets.
 """
 from __future__ import annotations
 
@@ -13,12 +18,19 @@ import subprocess
 import time
 from pathlib import Path
 
+from infra.credentials import generated_secret
 from infra.errors import InfraError
 from infra.ports import free_port, is_port_open
 from infra.processes import is_alive
 from infra.state import ServiceRecord
 
 OS_USER = "postgres"
+HBA = """\
+# written by ledgerlm (infra/postgres_node.py): passwords on every connection
+local   all   all                  scram-sha-256
+host    all   all   127.0.0.1/32   scram-sha-256
+host    all   all   ::1/128        scram-sha-256
+"""
 
 
 class PostgresNode:
@@ -26,6 +38,10 @@ class PostgresNode:
         self.dir = home / "postgres"
         self.data = self.dir / "data"
         self.database = database
+        self.password_file = home / "credentials" / "postgres-password"
+
+    def password(self) -> str:
+        return generated_secret(self.password_file)
 
     def bin_dir(self) -> Path:
         found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=_major_of)
@@ -69,8 +85,19 @@ class PostgresNode:
         if (self.data / "PG_VERSION").exists():
             return
         self._prepare_dirs()
-        self._run([str(bin_dir / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
-                   "-E", "UTF8", "--no-instructions"], "initdb")
+        # initdb reads the password from a file its (non-root) user can open: a 0600 copy, removed at once.
+        pwfile = self.dir / "initdb-password"
+        pwfile.unlink(missing_ok=True)
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(self.password() + "\n")
+        if os.geteuid() == 0:
+            shutil.chown(pwfile, OS_USER, OS_USER)
+        try:
+            self._run([str(bin_dir / "initdb"), "-D", str(self.data), "--auth=scram-sha-256", "-U", "postgres",
+                       f"--pwfile={pwfile}", "-E", "UTF8", "--no-instructions"], "initdb")
+        finally:
+            pwfile.unlink(missing_ok=True)
 
     def server_pid(self) -> int | None:
         pid_file = self.data / "postmaster.pid"
@@ -92,18 +119,19 @@ class PostgresNode:
         port = port or free_port(record.port or 55432)
         self._run([str(bin_dir / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"), "-w",
                    "-t", str(int(timeout_s)), "-o",
-                   f"-p {port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+                   f"-p {port} -k {self.dir} -c listen_addresses=127.0.0.1 -c max_connections=200",
                    "start"], "start")
         started = ServiceRecord(pid=self.server_pid(), port=port)
         self._wait_ready(port, timeout_s)
+        self._require_passwords(port, bin_dir)
         self._ensure_database(port)
         return started
 
     def _psql(self, port: int, sql: str, database: str = "postgres") -> str:
         psql = shutil.which("psql") or str(self.bin_dir() / "psql")
         result = subprocess.run(
-            [psql, "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", database, "-tAc", sql],
-            capture_output=True, text=True,
+            [psql, "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", database, "-tA", "-v", "ON_ERROR_STOP=1"],
+            input=sql, capture_output=True, text=True, env={**os.environ, "PGPASSWORD": self.password()},
         )
         if result.returncode != 0:
             raise InfraError(f"psql failed: {result.stderr.strip()}")
@@ -120,6 +148,17 @@ class PostgresNode:
                     raise InfraError(f"PostgreSQL did not answer SELECT 1 on port {port}; see {self.dir / 'server.log'}")
             time.sleep(0.2)
 
+    def _require_passwords(self, port: int, bin_dir: Path) -> None:
+        """A cluster made before passwords (initdb -A trust) gets the generated password and our pg_hba."""
+        hba = self.data / "pg_hba.conf"
+        if hba.read_text() == HBA:
+            return
+        # Still trust: the role needs no password yet to be given one. The literal is ours (URL-safe), and goes
+        # to psql on stdin, never on a command line other users can read.
+        self._psql(port, f"ALTER ROLE postgres PASSWORD '{self.password()}'")
+        hba.write_text(HBA)
+        self._run([str(bin_dir / "pg_ctl"), "-D", str(self.data), "reload"], "reload")
+
     def _ensure_database(self, port: int) -> None:
         exists = self._psql(port, f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'")
         if exists != "1":
@@ -132,7 +171,8 @@ class PostgresNode:
         return True
 
     def url(self, port: int) -> str:
-        return f"postgresql://postgres@127.0.0.1:{port}/{self.database}"
+        """The libpq URL, password included: a secret (`redact_url` before showing it)."""
+        return f"postgresql://postgres:{self.password()}@127.0.0.1:{port}/{self.database}"
 
 
 def _major_of(path: str) -> int:

@@ -6,12 +6,21 @@ service is external: it is probed, never started or stopped.
 `settings.kafka_brokers` > 1 starts a KRaft cluster (`infra/kafka_cluster.py`)
 instead of the single node; `services.json` remembers which one this home runs,
 so `down`, `status`, `kill_broker` and `start_broker` need no flag.
+
+`kafka_access()` is how clients reach Kafka as the settings ask: PLAINTEXT, or
+the single local node's SASL listener with its generated SCRAM credentials
+(`<home>/credentials/kafka-scram.json`), or an external cluster. Status output
+never shows a password (`redact_url`).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
+from pydantic import SecretStr
+
+from consumers.kafka.access import KafkaAccess, KafkaAccessError
+from infra.credentials import redact_url
 from infra.errors import InfraError
 from infra.health import kafka_up, postgres_up
 from infra.kafka_cluster import KafkaCluster
@@ -24,13 +33,15 @@ from ledgerlm.settings import Settings
 @dataclass(frozen=True)
 class Endpoints:
     kafka_bootstrap: str | None
-    database_url: str | None
+    database_url: str | None  # holds the password: never print it unredacted
+    kafka_sasl_bootstrap: str | None = None  # the local node's SASL_PLAINTEXT listener
 
 
 class LocalServices:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.kafka = KafkaNode(settings.home, settings.kafka_heap, settings.kafka_jars)
+        self.kafka = KafkaNode(settings.home, settings.kafka_heap, settings.kafka_jars,
+                               scram_file=settings.home / "credentials" / "kafka-scram.json")
         self.postgres = PostgresNode(settings.home, settings.postgres_database)
 
     def cluster(self, size: int) -> KafkaCluster:
@@ -39,8 +50,30 @@ class LocalServices:
     def endpoints(self) -> Endpoints:
         state = ServicesState.load(self.settings.state_file)
         bootstrap = self.settings.kafka_bootstrap or _local_bootstrap(state)
-        url = self.settings.database_url or (self.postgres.url(state.postgres.port) if state.postgres.port else None)
-        return Endpoints(bootstrap, url)
+        external_url = self.settings.database_url.get_secret_value() if self.settings.database_url else None
+        url = external_url or (self.postgres.url(state.postgres.port) if state.postgres.port else None)
+        sasl_port = None if self.settings.kafka_bootstrap or state.kafka_brokers else state.kafka.extra.get("sasl_port")
+        return Endpoints(bootstrap, url, f"127.0.0.1:{sasl_port}" if sasl_port else None)
+
+    def kafka_access(self) -> KafkaAccess | None:
+        """How clients reach Kafka as the settings ask (None when there is no Kafka to reach).
+
+        Without a SASL password in the settings, a SASL principal takes the local broker's generated one."""
+        settings, endpoints = self.settings, self.endpoints()
+        sasl = settings.kafka_security_protocol.startswith("SASL_")
+        if not sasl:
+            return KafkaAccess.from_settings(settings, endpoints.kafka_bootstrap) if endpoints.kafka_bootstrap else None
+        bootstrap = settings.kafka_bootstrap or endpoints.kafka_sasl_bootstrap
+        if bootstrap is None:
+            raise InfraError("SASL asked for, but the local Kafka has no SASL listener (a cluster, or storage "
+                             "formatted before SCRAM credentials: `infra down`, remove it, `infra up`)")
+        username = settings.kafka_sasl_username or "admin"
+        local = self.kafka.scram_passwords().get(username)
+        try:
+            return KafkaAccess.from_settings(settings.model_copy(update={"kafka_sasl_username": username}),
+                                             bootstrap, SecretStr(local) if local else None)
+        except KafkaAccessError as exc:
+            raise InfraError(str(exc)) from None
 
     def local_brokers(self) -> int | None:
         """How many brokers this home's Kafka has (live or not); None when Kafka is external."""
@@ -104,12 +137,12 @@ class LocalServices:
     def _wait_healthy(self, endpoints: Endpoints, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         assert endpoints.kafka_bootstrap and endpoints.database_url
-        while not kafka_up(endpoints.kafka_bootstrap, timeout_s=3):
+        while not kafka_up(self._probe_access(endpoints), timeout_s=3):
             if time.monotonic() > deadline:
                 raise InfraError(f"Kafka at {endpoints.kafka_bootstrap} did not list topics within {timeout_s:.0f}s")
             time.sleep(0.3)
         if not postgres_up(endpoints.database_url):
-            raise InfraError(f"PostgreSQL at {endpoints.database_url} did not answer SELECT 1")
+            raise InfraError(f"PostgreSQL at {redact_url(endpoints.database_url)} did not answer SELECT 1")
 
     def down(self) -> dict[str, bool]:
         """Stop only what `up` started; external services are left alone."""
@@ -132,7 +165,8 @@ class LocalServices:
         endpoints = self.endpoints()
         kafka: dict[str, object] = {
             "bootstrap": endpoints.kafka_bootstrap,
-            "up": bool(endpoints.kafka_bootstrap) and kafka_up(endpoints.kafka_bootstrap, timeout_s=3),
+            "sasl_bootstrap": endpoints.kafka_sasl_bootstrap,
+            "up": bool(endpoints.kafka_bootstrap) and kafka_up(self._probe_access(endpoints), timeout_s=3),
             "external": bool(self.settings.kafka_bootstrap)}
         state = ServicesState.load(self.settings.state_file)
         if state.kafka_brokers and not self.settings.kafka_bootstrap:
@@ -141,10 +175,21 @@ class LocalServices:
                                 for i, (broker, alive) in enumerate(zip(state.kafka_brokers, running), start=1)]
         return {
             "kafka": kafka,
-            "postgres": {"url": endpoints.database_url,
+            "postgres": {"url": redact_url(endpoints.database_url),
                          "up": bool(endpoints.database_url) and postgres_up(endpoints.database_url),
                          "external": bool(self.settings.database_url)},
         }
+
+
+    def _probe_access(self, endpoints: Endpoints) -> KafkaAccess | str:
+        """What health probes connect with: an external cluster as configured (it may refuse PLAINTEXT), the
+        local one over PLAINTEXT."""
+        if not self.settings.kafka_bootstrap:
+            return endpoints.kafka_bootstrap or ""
+        try:
+            return self.kafka_access() or endpoints.kafka_bootstrap
+        except InfraError:
+            return endpoints.kafka_bootstrap
 
 
 def _local_bootstrap(state: ServicesState) -> str | None:

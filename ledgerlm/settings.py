@@ -5,8 +5,10 @@ from pathlib import Path
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from consumers.kafka.access import SaslMechanism, SecurityProtocol
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -15,7 +17,9 @@ class Settings(BaseSettings):
     """Settings passed down from the CLI; nothing reads the environment elsewhere.
 
     `kafka_bootstrap` / `database_url` point everything at existing services;
-    when unset, the services started by `ledgerlm infra up` are used.
+    when unset, the services started by `ledgerlm infra up` are used. Secrets
+    (`database_url`, `kafka_sasl_password`) are `SecretStr`: printed, they read
+    `**********`.
     """
 
     model_config = SettingsConfigDict(env_prefix="LEDGERLM_", extra="ignore")
@@ -23,7 +27,18 @@ class Settings(BaseSettings):
     home: Path = Field(default=REPO_ROOT / ".ledgerlm", description="state, data and caches of local services")
     kafka_jars: Path | None = Field(default=None, description="Maven-resolved Kafka jars; <home>/kafka-jars when unset")
     kafka_bootstrap: str | None = None
-    database_url: str | None = None
+    database_url: SecretStr | None = Field(default=None, description="libpq URL; may hold the password")
+
+    # -- how every Kafka client authenticates (consumers/kafka/access.py); the local broker's SASL listener
+    # takes SCRAM-SHA-256 with the credentials `infra up` generated, used when no password is set here --
+    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    kafka_sasl_mechanism: SaslMechanism = "SCRAM-SHA-256"
+    kafka_sasl_username: str | None = Field(default=None, description="SASL principal; with the local broker, "
+                                            "one of its generated principals (admin when unset)")
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_cafile: Path | None = Field(default=None, description="CA bundle that signed the brokers (SSL)")
+    kafka_ssl_certfile: Path | None = Field(default=None, description="client certificate for mutual TLS")
+    kafka_ssl_keyfile: Path | None = None
 
     kafka_port: int | None = Field(default=None, description="local broker port; a free one when unset")
     kafka_controller_port: int | None = None

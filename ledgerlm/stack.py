@@ -11,9 +11,13 @@ another process once ours has exited, so `down` signals a pid only while its
 start time is still the one recorded. `up` that fails part way, or is stopped
 by SIGTERM, SIGHUP or Ctrl-C, stops whatever it had started (up_cmd.py).
 
-The demo tenant's API key is kept in `<home>/demo-tenant.json` (mode 0600):
-it is shown once by the tenant admin, and a local stack needs it again on
-every `up`.
+The demo tenant's API key is kept in `<home>/demo-tenant.json`: it is shown
+once by the tenant admin, and a local stack needs it again on every `up`. That
+file and `stack.json` (which repeats the key) are created with mode 0600.
+
+With `LEDGERLM_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT` the roles reach the
+local broker's SASL listener, each as its own principal (the role's name);
+their passwords stay in the broker's credentials file, never in the environment.
 """
 from __future__ import annotations
 
@@ -30,8 +34,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from infra.credentials import write_secret_file
 from ledgerlm.settings import REPO_ROOT, Settings
+
+if TYPE_CHECKING:
+    from consumers.kafka.access import KafkaAccess
 
 ROLES = ("controller", "worker", "projector", "gateway")
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
@@ -127,7 +136,7 @@ class StackRunner:
         self.log = log
 
     # -- preparation -------------------------------------------------------------------------
-    def services(self) -> tuple[str, str, bool]:
+    def services(self) -> tuple["KafkaAccess", str, bool]:
         from consumers.kafka.topic_admin import TopicAdmin
         from infra.services import LocalServices
         from migrations import runner
@@ -138,24 +147,25 @@ class StackRunner:
         # Recorded before starting them, so a failure or a signal from here on stops them again.
         write_stack(self.settings, Stack(gateway="", api_key="", tenant_id="", model="", services_started=not was_up))
         endpoints = local.up()
+        access = local.kafka_access()
         runner.upgrade(endpoints.database_url)
 
         async def ensure():
-            async with TopicAdmin(endpoints.kafka_bootstrap, self.settings.topic_partitions,
+            async with TopicAdmin(access, self.settings.topic_partitions,
                                   self.settings.topic_replication_factor) as admin:
                 return await admin.ensure()
 
         report = asyncio.run(ensure())
         if report.drift:
             raise RuntimeError(f"topics drifted from their declaration: {report.drift}")
-        return endpoints.kafka_bootstrap, endpoints.database_url, not was_up
+        return access, endpoints.database_url, not was_up
 
-    def model(self, bootstrap: str) -> str:
+    def model(self, kafka: "KafkaAccess") -> str:
         from ledgerlm.stack_model import prepare_model
 
-        return prepare_model(self.settings, self.model_spec, bootstrap, self.log)
+        return prepare_model(self.settings, self.model_spec, kafka, self.log)
 
-    def tenant(self, bootstrap: str, database_url: str) -> tuple[str, str]:
+    def tenant(self, kafka: "KafkaAccess", database_url: str) -> tuple[str, str]:
         import psycopg
 
         from producers.api_keys import authenticate
@@ -168,9 +178,8 @@ class StackRunner:
             with psycopg.connect(database_url) as conn:
                 if authenticate(conn, saved["apiKey"]) == saved["tenantId"]:
                     return saved["tenantId"], saved["apiKey"]
-        created = asyncio.run(create_tenant(bootstrap, database_url, f"demo-{os.urandom(3).hex()}", TenantLimits()))
-        path.write_text(json.dumps({"tenantId": created.tenant_id, "apiKey": created.api_key}))
-        path.chmod(0o600)
+        created = asyncio.run(create_tenant(kafka, database_url, f"demo-{os.urandom(3).hex()}", TenantLimits()))
+        write_secret_file(path, json.dumps({"tenantId": created.tenant_id, "apiKey": created.api_key}))
         return created.tenant_id, created.api_key
 
     # -- processes -----------------------------------------------------------------------------
@@ -208,11 +217,11 @@ class StackRunner:
         existing = read_stack(self.settings)
         if existing is not None and any(is_ours(pid, existing.starts.get(role)) for role, pid in existing.pids.items()):
             return existing
-        bootstrap, database_url, started = self.services()
-        model = self.model(bootstrap)
-        tenant_id, api_key = self.tenant(bootstrap, database_url)
+        kafka, database_url, started = self.services()
+        model = self.model(kafka)
+        tenant_id, api_key = self.tenant(kafka, database_url)
         port = free_port(self.settings.gateway_port)
-        env = {**os.environ, "LEDGERLM_KAFKA_BOOTSTRAP": bootstrap, "LEDGERLM_DATABASE_URL": database_url,
+        env = {**os.environ, "LEDGERLM_KAFKA_BOOTSTRAP": kafka.bootstrap, "LEDGERLM_DATABASE_URL": database_url,
                "LEDGERLM_GATEWAY_PORT": str(port)}
         stack = Stack(gateway=f"http://127.0.0.1:{port}", api_key=api_key, tenant_id=tenant_id, model=model,
                       services_started=started)
@@ -225,7 +234,7 @@ class StackRunner:
             args, ready = commands[role]
             log_path = self.settings.home / "logs" / f"{role}.log"
             offset = log_path.stat().st_size if log_path.exists() else 0
-            path = self.spawn(stack, role, args, env)
+            path = self.spawn(stack, role, args, role_env(env, kafka, role))
             if ready:
                 self.wait_for_log(path, ready, offset, stack.pids[role], 120)
         self.wait_for_gateway(stack, 60)
@@ -244,6 +253,14 @@ class StackRunner:
                 pass
             time.sleep(0.3)
         raise RuntimeError(f"gateway at {stack.gateway} did not answer /healthz")
+
+
+def role_env(env: dict[str, str], access: "KafkaAccess", role: str) -> dict[str, str]:
+    """A role's environment: over SASL it authenticates as its own principal (a local broker's password is
+    looked up by that name, see LocalServices.kafka_access)."""
+    if not access.uses_sasl:
+        return env
+    return {**env, "LEDGERLM_KAFKA_SECURITY_PROTOCOL": access.protocol, "LEDGERLM_KAFKA_SASL_USERNAME": role}
 
 
 def demo_generation(stack: Stack, write=None, attempts: int = 20) -> dict:
@@ -284,9 +301,7 @@ def read_stack(settings: Settings) -> Stack | None:
 
 def write_stack(settings: Settings, stack: Stack) -> None:
     path = stack_file(settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(stack), indent=2))
-    path.chmod(0o600)
+    write_secret_file(path, json.dumps(asdict(stack), indent=2))
 
 
 def down(settings: Settings, timeout_s: float = 20.0) -> dict[str, bool]:

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ledgerlm.settings import Settings
+
+if TYPE_CHECKING:
+    from consumers.kafka.clients import Kafka
 
 DEMO_SIZES = ("tiny", "small")
 
 
-def prepare_model(settings: Settings, spec: str, bootstrap: str, log: Callable[[str], None]) -> str:
+def prepare_model(settings: Settings, spec: str, kafka: Kafka, log: Callable[[str], None]) -> str:
     """The registered version name serving `spec` (RuntimeError with the reason when it cannot)."""
     from engine.errors import ArtifactError
     from ledgerlm.model_pull import KNOWN_MODELS, PullError, pull
@@ -25,26 +28,26 @@ def prepare_model(settings: Settings, spec: str, bootstrap: str, log: Callable[[
 
     try:
         if spec.startswith("demo-") and spec.removeprefix("demo-") in DEMO_SIZES:
-            return demo_model(settings, spec.removeprefix("demo-"), bootstrap, log)
+            return demo_model(settings, spec.removeprefix("demo-"), kafka, log)
         if spec in KNOWN_MODELS:
             model, result = pull(spec, settings.home, log)
-            return register(bootstrap, result.model_dir, model.version)
+            return register(kafka, result.model_dir, model.version)
         path = Path(spec).expanduser()
         if path.exists():
-            return local_model(settings, path.resolve(), bootstrap, log)
-        return registered(bootstrap, spec)
+            return local_model(settings, path.resolve(), kafka, log)
+        return registered(kafka, spec)
     except (ArtifactError, PullError, ModelVersionConflict) as exc:
         raise RuntimeError(f"model {spec!r}: {exc}") from None
 
 
-def register(bootstrap: str, model_dir: Path, name: str) -> str:
+def register(kafka: Kafka, model_dir: Path, name: str) -> str:
     from producers.model_registry import register_model
 
-    asyncio.run(register_model(bootstrap, model_dir, name))
+    asyncio.run(register_model(kafka, model_dir, name))
     return name
 
 
-def demo_model(settings: Settings, size: str, bootstrap: str, log: Callable[[str], None]) -> str:
+def demo_model(settings: Settings, size: str, kafka: Kafka, log: Callable[[str], None]) -> str:
     from engine.demo_model import build_demo_model
     from producers.model_registry import describe
 
@@ -52,26 +55,26 @@ def demo_model(settings: Settings, size: str, bootstrap: str, log: Callable[[str
     if not (model_dir / "manifest.json").is_file():
         log(f"building the {size} demo model into {model_dir}")
         build_demo_model(model_dir, size=size, progress=False)
-    return register(bootstrap, model_dir, f"demo-{size}@{describe(model_dir, 'probe').content_sha256[:8]}")
+    return register(kafka, model_dir, f"demo-{size}@{describe(model_dir, 'probe').content_sha256[:8]}")
 
 
-def local_model(settings: Settings, path: Path, bootstrap: str, log: Callable[[str], None]) -> str:
+def local_model(settings: Settings, path: Path, kafka: Kafka, log: Callable[[str], None]) -> str:
     from engine.model_import import import_checkpoint, source_record
     from producers.model_registry import describe
 
     if path.is_dir() and (path / "manifest.json").is_file():
-        return register(bootstrap, path, f"{path.name}@{describe(path, 'probe').content_sha256[:8]}")
+        return register(kafka, path, f"{path.name}@{describe(path, 'probe').content_sha256[:8]}")
     stem = path.stem if path.is_file() else path.name
     name = f"{stem.lower()}@{source_record(path)['sha256'][:8]}"
     log(f"importing {path} as {name}")
     result = import_checkpoint(path, settings.home / "models" / name, log=log)
-    return register(bootstrap, result.model_dir, name)
+    return register(kafka, result.model_dir, name)
 
 
-def registered(bootstrap: str, name: str) -> str:
+def registered(kafka: Kafka, name: str) -> str:
     from producers.model_registry import registered_versions
 
-    versions = asyncio.run(registered_versions(bootstrap))
+    versions = asyncio.run(registered_versions(kafka))
     if name not in versions:
         known = ", ".join(sorted(versions)[:10]) or "none"
         raise RuntimeError(f"model {name!r} is neither a file, a directory, a known model nor a registered "

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from consumers.kafka.clients import make_producer, publish
+from consumers.kafka.clients import Kafka, make_producer, publish
 from consumers.kafka.follower import Follower
 from schemas.envelope import Envelope
 from schemas.model_book import ModelBook
@@ -79,10 +79,10 @@ def describe(model_dir: str | Path, name: str, dtype: str = "float32", block_siz
     )
 
 
-async def read_model_book(bootstrap: str) -> ModelBook:
+async def read_model_book(kafka: Kafka) -> ModelBook:
     """`llm.models` folded up to its current end: versions, qualifications, aliases."""
     book = ModelBook()
-    follower = Follower(bootstrap, [MODELS], lambda _topic, event: book.observe(event), client_id="model-registry")
+    follower = Follower(kafka, [MODELS], lambda _topic, event: book.observe(event), client_id="model-registry")
     await follower.start()
     try:
         await follower.catch_up()
@@ -91,14 +91,14 @@ async def read_model_book(bootstrap: str) -> ModelBook:
     return book
 
 
-async def registered_versions(bootstrap: str) -> dict[str, ModelVersionRegistered]:
+async def registered_versions(kafka: Kafka) -> dict[str, ModelVersionRegistered]:
     """Every registered version (the first record per name wins: versions are immutable)."""
-    return (await read_model_book(bootstrap)).versions
+    return (await read_model_book(kafka)).versions
 
 
-async def publish_model_record(bootstrap: str, event: Envelope) -> None:
+async def publish_model_record(kafka: Kafka, event: Envelope) -> None:
     """One record on `llm.models`, acknowledged."""
-    producer = make_producer(bootstrap)
+    producer = make_producer(kafka)
     await producer.start()
     try:
         await publish(producer, MODELS, event)
@@ -106,15 +106,15 @@ async def publish_model_record(bootstrap: str, event: Envelope) -> None:
         await producer.stop()
 
 
-async def register_model(bootstrap: str, model_dir: str | Path, name: str) -> Registration:
+async def register_model(kafka: Kafka, model_dir: str | Path, name: str) -> Registration:
     if name.startswith(RESERVED_PREFIXES):
         raise InvalidVersionName(f"model version {name!r} starts with a reserved prefix "
                                  f"({', '.join(RESERVED_PREFIXES)})")
     event = describe(model_dir, name)
-    existing = (await registered_versions(bootstrap)).get(name)
+    existing = (await registered_versions(kafka)).get(name)
     if existing is not None:
         if existing.content_sha256 != event.content_sha256:
             raise ModelVersionConflict(f"model version {name!r} is already registered with different content")
         return Registration(existing, created=False)
-    await publish_model_record(bootstrap, event)
+    await publish_model_record(kafka, event)
     return Registration(event, created=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from consumers.kafka.clients import Kafka
 from engine.golden import GOLDEN_FILE, GoldenReport, load_golden, run_golden  # light: no torch here
 from ledgerlm.settings import Settings
 from producers.model_registry import publish_model_record, read_model_book
@@ -60,10 +61,10 @@ def alias_record(book: ModelBook, alias: str, weights: dict[str, int], now: date
     return ModelAliasSet(alias=alias, weights=dict(sorted(weights.items())), set_at=now)
 
 
-async def set_alias(bootstrap: str, alias: str, weights: dict[str, int]) -> ModelAliasSet:
+async def set_alias(kafka: Kafka, alias: str, weights: dict[str, int]) -> ModelAliasSet:
     """Publish the alias's new weights (the latest record wins: a rollback is new weights)."""
-    event = alias_record(await read_model_book(bootstrap), alias, weights, datetime.now(UTC))
-    await publish_model_record(bootstrap, event)
+    event = alias_record(await read_model_book(kafka), alias, weights, datetime.now(UTC))
+    await publish_model_record(kafka, event)
     return event
 
 
@@ -87,10 +88,10 @@ def run_golden_prompts(registered: ModelVersionRegistered, settings: Settings,
     return run_golden(Engine(root, config), load_golden(root, checksum))
 
 
-async def qualify(bootstrap: str, version: str, settings: Settings,
+async def qualify(kafka: Kafka, version: str, settings: Settings,
                   model_dir: str | Path | None = None) -> Qualification:
     """Run `version`'s golden prompts and publish the outcome, passed or not."""
-    registered = (await read_model_book(bootstrap)).versions.get(version)
+    registered = (await read_model_book(kafka)).versions.get(version)
     if registered is None:
         raise RolloutError(f"model version {version!r} is not registered")
     if registered.content_sha256 is None:
@@ -99,5 +100,5 @@ async def qualify(bootstrap: str, version: str, settings: Settings,
     event = ModelQualified(model_version=version, passed=report.passed, prompts=len(report.results),
                            failures=report.failures, content_sha256=registered.content_sha256,
                            qualified_at=datetime.now(UTC))
-    await publish_model_record(bootstrap, event)
+    await publish_model_record(kafka, event)
     return Qualification(event, report)

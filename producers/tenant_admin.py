@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from consumers.kafka.clients import make_producer, publish
+from consumers.kafka.clients import Kafka, make_producer, publish
 from consumers.kafka.dead_letters import DeadLetterRouter
 from producers.api_keys import issue_api_key
 from projections.runtime import Projector
@@ -32,34 +32,34 @@ class CreatedTenant:
     api_key: str
 
 
-async def create_tenant(bootstrap: str, database_url: str, name: str, limits: TenantLimits) -> CreatedTenant:
+async def create_tenant(kafka: Kafka, database_url: str, name: str, limits: TenantLimits) -> CreatedTenant:
     """Register a new tenant; the tenant id is its name (lowercase slug), unique by construction."""
     if not TENANT_NAME.match(name):
         raise InvalidTenantName(f"tenant name {name!r} must match {TENANT_NAME.pattern}")
     with psycopg.connect(database_url, autocommit=True) as conn:
-        await project_tenants(bootstrap, database_url)
+        await project_tenants(kafka, database_url)
         if conn.execute("SELECT 1 FROM tenants WHERE tenant_id = %s", (name,)).fetchone():
             raise TenantExists(f"tenant {name!r} already exists")
         key = issue_api_key()
         event = TenantRegistered(tenant_id=name, name=name, limits=limits,
                                  api_key_hash=key.hash, api_key_prefix=key.prefix)
-        producer = make_producer(bootstrap)
+        producer = make_producer(kafka)
         await producer.start()
         try:
             await publish(producer, TENANTS, event)
         finally:
             await producer.stop()
-        await project_tenants(bootstrap, database_url)
+        await project_tenants(kafka, database_url)
     return CreatedTenant(tenant_id=name, api_key=key.plain)
 
 
-async def project_tenants(bootstrap: str, database_url: str) -> int:
+async def project_tenants(kafka: Kafka, database_url: str) -> int:
     """Apply `llm.tenants` up to its current end with the projector itself (a running `ledgerlm project`
     may apply the same records: compare-and-set makes one of us re-seek, not apply twice)."""
-    producer = make_producer(bootstrap)
+    producer = make_producer(kafka)
     await producer.start()
     router = DeadLetterRouter(producer)
-    projector = Projector(bootstrap, database_url, [TenantsProjection()], divert=router.decode_or_divert,
+    projector = Projector(kafka, database_url, [TenantsProjection()], divert=router.decode_or_divert,
                           reject=router.refused_by_projection)
     try:
         return (await projector.catch_up()).applied.get(TenantsProjection.name, 0)

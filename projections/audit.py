@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import psycopg
 from aiokafka import TopicPartition
 
-from consumers.kafka.clients import make_consumer, partitions_of
+from consumers.kafka.clients import Kafka, make_consumer, partitions_of
 from ledgerlm.settings import Settings
 from migrations import runner
 from projections.registry import all_projections
@@ -57,7 +57,7 @@ class AuditReport:
                            if d.live_only_count or d.shadow_only_count}}
 
 
-async def audit_replay(bootstrap: str, database_url: str, settings: Settings) -> AuditReport:
+async def audit_replay(kafka: Kafka, database_url: str, settings: Settings) -> AuditReport:
     projections = all_projections(settings)
     # refused_events too: a replay refuses the same events for the same reasons, so it must match as well.
     tables = [t for p in projections for t in p.tables()] + list(PER_PROJECTION)
@@ -66,11 +66,11 @@ async def audit_replay(bootstrap: str, database_url: str, settings: Settings) ->
     try:
         offsets = snapshot_live(database_url, live, tables, [p.name for p in projections])
         runner.upgrade(database_url, schema=shadow)
-        lag = await live_lag(bootstrap, offsets, projections)
+        lag = await live_lag(kafka, offsets, projections)
         replayed: dict[str, int] = {}
         for projection in projections:
             targets = {tp: off for (name, tp), off in offsets.items() if name == projection.name}
-            projector = Projector(bootstrap, database_url, [projection], schema=shadow)
+            projector = Projector(kafka, database_url, [projection], schema=shadow)
             try:
                 stats = await projector.catch_up(targets) if targets else None
             finally:
@@ -108,8 +108,8 @@ def snapshot_live(database_url: str, copy_schema: str, tables: list[str],
     return {(name, TopicPartition(topic, partition)): offset for name, topic, partition, offset in rows}
 
 
-async def live_lag(bootstrap: str, offsets: dict[tuple[str, TopicPartition], int], projections) -> dict[str, int]:
-    consumer = make_consumer(bootstrap)
+async def live_lag(kafka: Kafka, offsets: dict[tuple[str, TopicPartition], int], projections) -> dict[str, int]:
+    consumer = make_consumer(kafka)
     await consumer.start()
     try:
         lag: dict[str, int] = {}

@@ -29,7 +29,7 @@ import psycopg
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from consumers.kafka.clients import make_consumer, partitions_of
+from consumers.kafka.clients import Kafka, make_consumer, partitions_of
 from ledgerlm.telemetry.metrics import ProjectorMetrics
 from ledgerlm.telemetry.server import Readiness
 from projections.base import Projection
@@ -82,7 +82,7 @@ async def decode_quietly(record: ConsumerRecord) -> Envelope | None:
 
 
 class Projector:
-    def __init__(self, bootstrap: str, database_url: str, projections: Sequence[Projection], *,
+    def __init__(self, kafka: Kafka, database_url: str, projections: Sequence[Projection], *,
                  divert: Divert = decode_quietly, schema: str | None = None,
                  group_id: str = "ledgerlm-projector", max_records: int = 5000,
                  crash_after_batches: int | None = None,
@@ -90,7 +90,7 @@ class Projector:
                  metrics_path: Path | None = None,
                  reject: Callable[[TopicPartition, int, Envelope, str], Awaitable[None]] | None = None,
                  ready_lag: int = 1000) -> None:
-        self.bootstrap = bootstrap
+        self.kafka = kafka
         self.by_topic = {p.topic: p for p in projections}
         self.divert = divert
         self.group_id = group_id
@@ -256,7 +256,7 @@ class Projector:
         """Consume as a group member until `stop` is set."""
         # The broker holds a fetch until a few KB are there (or FETCH_GATHER_MS passed): under load a poll
         # brings a batch of many events, applied with one transaction, instead of a trickle of tiny ones.
-        consumer = make_consumer(self.bootstrap, group_id=self.group_id, client_id="ledgerlm-projector",
+        consumer = make_consumer(self.kafka, group_id=self.group_id, client_id="ledgerlm-projector",
                                  fetch_min_bytes=FETCH_GATHER_BYTES, fetch_max_wait_ms=FETCH_GATHER_MS)
         projector = self
 
@@ -303,7 +303,7 @@ class Projector:
 
     async def catch_up(self, targets: dict[TopicPartition, int] | None = None) -> ProjectorStats:
         """Apply every assigned partition from its stored offset up to `targets` (default: the end now)."""
-        consumer = make_consumer(self.bootstrap, client_id="ledgerlm-projector-catch-up")
+        consumer = make_consumer(self.kafka, client_id="ledgerlm-projector-catch-up")
         await consumer.start()
         try:
             partitions = targets and list(targets) or await self._all_partitions(consumer)

@@ -18,12 +18,12 @@ import logging
 import time
 from datetime import UTC, datetime
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
 from consumers.controller.decisions import Decider, Effects
 from consumers.controller.registry import WorkerRegistry
 from consumers.controller.state import PartitionState
-from consumers.kafka.clients import LONG_POLL_MS, make_producer, read_to_end
+from consumers.kafka.clients import Kafka, make_consumer, make_producer, read_to_end
 from consumers.kafka.dead_letters import dead_letter_for
 from consumers.kafka.follower import Follower
 from ledgerlm.settings import Settings
@@ -56,9 +56,9 @@ class _Rebalance(ConsumerRebalanceListener):
 
 
 class Controller:
-    def __init__(self, settings: Settings, bootstrap: str) -> None:
+    def __init__(self, settings: Settings, kafka: Kafka) -> None:
         self.settings = settings
-        self.bootstrap = bootstrap
+        self.kafka = kafka
         self.group = settings.controller_group
         self.registry = WorkerRegistry()
         self.tenants: dict = {}
@@ -97,7 +97,7 @@ class Controller:
     async def own_partitions(self, partitions: list[int]) -> None:
         async with self.lock:
             for p in partitions:
-                producer = make_producer(self.bootstrap, transactional_id=f"{self.group}-p{p}",
+                producer = make_producer(self.kafka, transactional_id=f"{self.group}-p{p}",
                                          client_id=f"controller-p{p}")
                 await producer.start()  # InitProducerId: fences a previous owner, aborts its open transaction
                 self.producers[p] = producer
@@ -119,8 +119,7 @@ class Controller:
         states = {p: PartitionState(p) for p in partitions}
         if not partitions:
             return states
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                    isolation_level="read_committed", client_id="controller-rebuild")
+        consumer = make_consumer(self.kafka, client_id="controller-rebuild", auto_offset_reset="latest")
         await consumer.start()
         try:
             tps = [TopicPartition(CONTROL_CHANGELOG, p) for p in partitions]
@@ -250,15 +249,13 @@ class Controller:
     # -- main loop ---------------------------------------------------------------------------
     async def run(self) -> None:
         await self.http.start()  # first: a taken port fails the start before anything else runs
-        follower = Follower(self.bootstrap, [WORKERS, TENANTS, MODELS], self.on_registry,
+        follower = Follower(self.kafka, [WORKERS, TENANTS, MODELS], self.on_registry,
                             client_id="controller-registry")
         await follower.start()
         follow_task = asyncio.create_task(follower.run(), name="controller-registry")
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, group_id=self.group, client_id="controller",
-            enable_auto_commit=False, isolation_level="read_committed",
-            auto_offset_reset=self.settings.controller_start, session_timeout_ms=6000,
-            heartbeat_interval_ms=1000, fetch_max_wait_ms=LONG_POLL_MS)
+        consumer = make_consumer(self.kafka, group_id=self.group, client_id="controller",
+                                 auto_offset_reset=self.settings.controller_start, session_timeout_ms=6000,
+                                 heartbeat_interval_ms=1000)
         try:
             # Leases are judged against the registry, so it must be current before any check.
             await asyncio.wait_for(follower.caught_up.wait(), timeout=60)

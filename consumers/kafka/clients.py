@@ -1,16 +1,21 @@
-"""Producers and consumers with the settings ledgerlm relies on.
+"""The one factory of Kafka clients: every producer, consumer, admin client and FastStream broker.
 
 aiokafka's defaults are not safe for us: producers must be idempotent with
 acks=all, and consumers of transactional output must read committed data
-only, with offsets committed explicitly by the code that applied them.
+only, with offsets committed explicitly by the code that applied them. Every
+client also authenticates as its `KafkaAccess` says (SASL, TLS): nothing else
+constructs a client, so no connection can bypass those settings
+(tests/unit/test_kafka_clients.py scans the code for any that does).
 """
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import BaseModel
 
+from consumers.kafka.access import KafkaAccess
 from schemas.codec import encode, record_headers, record_key
 
 # How long the broker holds a fetch that finds no new record. A record that arrives meanwhile answers the
@@ -19,13 +24,16 @@ from schemas.codec import encode, record_headers, record_key
 LONG_POLL_MS = 500
 
 
-def make_producer(bootstrap: str, transactional_id: str | None = None, client_id: str = "ledgerlm",
+Kafka = KafkaAccess | str  # a bare bootstrap string: unauthenticated PLAINTEXT (local development)
+
+
+def make_producer(kafka: Kafka, transactional_id: str | None = None, client_id: str = "ledgerlm",
                   linger_ms: int = 2) -> AIOKafkaProducer:
     # A transaction begun right after a commit meets CONCURRENT_TRANSACTIONS until the broker has written the
     # previous markers; aiokafka then retries after retry_backoff_ms (100 ms by default), a latency cliff for
     # one-transaction-per-batch processors. Ten ms is plenty on a broker that answers in under one.
     return AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
+        **KafkaAccess.of(kafka).client_options(),
         client_id=client_id,
         enable_idempotence=True,
         acks="all",
@@ -35,12 +43,15 @@ def make_producer(bootstrap: str, transactional_id: str | None = None, client_id
     )
 
 
-def make_consumer(bootstrap: str, *topics: str, group_id: str | None = None,
+def make_consumer(kafka: Kafka, *topics: str, group_id: str | None = None,
                   auto_offset_reset: str = "earliest", client_id: str = "ledgerlm",
-                  fetch_min_bytes: int = 1, fetch_max_wait_ms: int = LONG_POLL_MS) -> AIOKafkaConsumer:
+                  fetch_min_bytes: int = 1, fetch_max_wait_ms: int = LONG_POLL_MS,
+                  **timeouts: int) -> AIOKafkaConsumer:
+    """A read-committed consumer that never commits on its own; `timeouts` are aiokafka's (a group member's
+    session_timeout_ms and heartbeat_interval_ms, request_timeout_ms)."""
     return AIOKafkaConsumer(
         *topics,
-        bootstrap_servers=bootstrap,
+        **KafkaAccess.of(kafka).client_options(),
         client_id=client_id,
         group_id=group_id,
         enable_auto_commit=False,
@@ -48,7 +59,34 @@ def make_consumer(bootstrap: str, *topics: str, group_id: str | None = None,
         isolation_level="read_committed",
         fetch_min_bytes=fetch_min_bytes,
         fetch_max_wait_ms=fetch_max_wait_ms,
+        **timeouts,
     )
+
+
+def make_admin(kafka: Kafka, request_timeout_ms: int = 15000, client_id: str = "ledgerlm-admin") -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(**KafkaAccess.of(kafka).client_options(), client_id=client_id,
+                               request_timeout_ms=request_timeout_ms)
+
+
+def make_broker(kafka: Kafka, **options):
+    """A FastStream KafkaBroker with the same security (FastStream takes it as a `security=` object)."""
+    from faststream.kafka import KafkaBroker
+
+    return KafkaBroker(KafkaAccess.of(kafka).bootstrap, security=faststream_security(KafkaAccess.of(kafka)),
+                       **options)
+
+
+def faststream_security(access: KafkaAccess):
+    from faststream.security import BaseSecurity, SASLPlaintext, SASLScram256, SASLScram512
+
+    if access.protocol == "PLAINTEXT":
+        return None
+    context = access.client_options().get("ssl_context")
+    if access.principal is None:
+        return BaseSecurity(ssl_context=context, use_ssl=True)
+    kinds = {"PLAIN": SASLPlaintext, "SCRAM-SHA-256": SASLScram256, "SCRAM-SHA-512": SASLScram512}
+    return kinds[access.principal.mechanism](access.principal.username, access.principal.password.get_secret_value(),
+                                             ssl_context=context, use_ssl=access.uses_tls)
 
 
 async def publish(producer: AIOKafkaProducer, topic: str, event: BaseModel, partition: int | None = None):

@@ -15,7 +15,7 @@ from typing import Literal
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 
-from consumers.kafka.clients import LONG_POLL_MS, partitions_of
+from consumers.kafka.clients import Kafka, make_consumer, partitions_of
 from schemas.codec import DecodeError, decode
 from schemas.envelope import Envelope
 
@@ -30,23 +30,21 @@ def partition_for(key: str, partitions: int) -> int:
 
 
 class Follower:
-    def __init__(self, bootstrap: str, topics: list[str], handler: Handler,
+    def __init__(self, kafka: Kafka, topics: list[str], handler: Handler,
                  start: Literal["beginning", "end"] = "beginning", client_id: str = "ledgerlm-follower",
                  after_batch: Callable[[], None] | None = None) -> None:
         self.topics = topics
         self.handler = handler
         self.after_batch = after_batch  # called once per fetched batch, after its records' handlers
         self.start_at = start
-        self.bootstrap = bootstrap
+        self.kafka = kafka
         self.client_id = client_id
         self.consumer: AIOKafkaConsumer | None = None  # made in start(): aiokafka needs the running loop
         self.caught_up = asyncio.Event()
         self._ends: dict[TopicPartition, int] = {}
 
     async def start(self) -> None:
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, client_id=self.client_id,
-                                         enable_auto_commit=False, isolation_level="read_committed",
-                                         fetch_max_wait_ms=LONG_POLL_MS)
+        self.consumer = make_consumer(self.kafka, client_id=self.client_id, auto_offset_reset="latest")
         await self.consumer.start()
         partitions = [tp for topic in self.topics for tp in await partitions_of(self.consumer, topic)]
         self.consumer.assign(partitions)

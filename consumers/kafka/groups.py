@@ -1,14 +1,12 @@
 """Consumer-group offsets set by hand."""
 from __future__ import annotations
 
-from aiokafka import AIOKafkaConsumer
-
-from consumers.kafka.clients import partitions_of
+from consumers.kafka.clients import Kafka, make_consumer, partitions_of
 
 
-async def move_group_to_end(bootstrap: str, group: str, topic: str) -> None:
+async def move_group_to_end(kafka: Kafka, group: str, topic: str) -> None:
     """Commit the current end of every partition for `group`: a new group starts at now, not at history."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    consumer = make_consumer(kafka, group_id=group, client_id="ledgerlm-group-admin", auto_offset_reset="latest")
     await consumer.start()
     try:
         tps = await partitions_of(consumer, topic)

@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
+from consumers.kafka.clients import Kafka, make_admin
 from schemas.topics import TOPICS, TopicSpec
 
 
@@ -36,8 +37,8 @@ class EnsureReport:
 
 
 class TopicAdmin:
-    def __init__(self, bootstrap: str, partitions: int | None = None, replication_factor: int | None = None) -> None:
-        self.admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    def __init__(self, kafka: Kafka, partitions: int | None = None, replication_factor: int | None = None) -> None:
+        self.admin = make_admin(kafka)
         self.partitions = partitions
         self.replication_factor = replication_factor or 1
         self._replication_configured = replication_factor is not None

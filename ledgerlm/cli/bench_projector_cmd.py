@@ -5,7 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ledgerlm.cli.endpoints import database_url, kafka_bootstrap
+from ledgerlm.cli.endpoints import database_url, kafka_access
 from ledgerlm.settings import Settings
 
 
@@ -20,7 +20,7 @@ def run_projector_bench(args: argparse.Namespace) -> int:
     from bench.projector_bench import main
 
     settings = Settings()
-    report = main(settings, kafka_bootstrap(settings), database_url(settings), args.quick)
+    report = main(settings, kafka_access(settings), database_url(settings), args.quick)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({"stream_events_per_s": report["stream_projection"]["events_per_s"],

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ledgerlm.cli.endpoints import kafka_bootstrap
+from ledgerlm.cli.endpoints import kafka_access
 from ledgerlm.settings import Settings
 
 
@@ -18,4 +18,4 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging("controller")
     settings = Settings()
-    return serve(Controller(settings, kafka_bootstrap(settings)).run())
+    return serve(Controller(settings, kafka_access(settings)).run())

@@ -12,7 +12,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_asyncapi(args: argparse.Namespace) -> int:
+    from consumers.kafka.clients import make_broker
     from schemas.asyncapi import asyncapi_document
 
-    print(json.dumps(asyncapi_document(), indent=2))
+    broker = make_broker("localhost:9092", description="ledgerlm event log")
+    print(json.dumps(asyncapi_document(broker), indent=2))
     return 0

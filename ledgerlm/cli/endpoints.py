@@ -1,17 +1,27 @@
 """Where the CLI finds Kafka and PostgreSQL: the environment, else what `infra up` started."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ledgerlm.cli.errors import CliError
 from ledgerlm.settings import Settings
 
+if TYPE_CHECKING:
+    from consumers.kafka.access import KafkaAccess
 
-def kafka_bootstrap(settings: Settings) -> str:
+
+def kafka_access(settings: Settings) -> "KafkaAccess":
+    """Bootstrap servers and credentials every client of this process uses (consumers/kafka/access.py)."""
+    from infra.errors import InfraError
     from infra.services import LocalServices
 
-    bootstrap = LocalServices(settings).endpoints().kafka_bootstrap
-    if not bootstrap:
+    try:
+        access = LocalServices(settings).kafka_access()
+    except InfraError as exc:
+        raise CliError(str(exc)) from exc
+    if access is None:
         raise CliError("no Kafka: run `ledgerlm infra up` or set LEDGERLM_KAFKA_BOOTSTRAP")
-    return bootstrap
+    return access
 
 
 def database_url(settings: Settings) -> str:

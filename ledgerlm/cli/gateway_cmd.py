@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ledgerlm.cli.endpoints import database_url, kafka_bootstrap
+from ledgerlm.cli.endpoints import database_url, kafka_access
 from ledgerlm.settings import Settings
 
 
@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging("gateway")
     settings = Settings()
-    app = create_app(settings, kafka_bootstrap(settings), database_url(settings))
+    app = create_app(settings, kafka_access(settings), database_url(settings))
     uvicorn.run(app, host=args.host or settings.gateway_host, port=args.port or settings.gateway_port,
                 log_level="warning", access_log=False)
     return 0

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from ledgerlm.cli.endpoints import kafka_bootstrap
+from ledgerlm.cli.endpoints import kafka_access
 from ledgerlm.cli.errors import CliError
 from ledgerlm.settings import Settings
 
@@ -56,7 +56,7 @@ def register_dir(settings: Settings, model_dir: Path, name: str) -> dict:
     from producers.model_registry import ModelVersionConflict, register_model
 
     try:
-        result = asyncio.run(register_model(kafka_bootstrap(settings), model_dir, name))
+        result = asyncio.run(register_model(kafka_access(settings), model_dir, name))
     except (ModelVersionConflict, ArtifactError) as exc:
         raise CliError(str(exc)) from None
     return {"registered": True, "created": result.created, "contentSha256": result.event.content_sha256}

@@ -6,7 +6,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from ledgerlm.cli.endpoints import kafka_bootstrap
+from ledgerlm.cli.endpoints import kafka_access
 from ledgerlm.cli.errors import CliError
 from ledgerlm.settings import Settings
 
@@ -26,7 +26,7 @@ def run_register(args: argparse.Namespace) -> int:
     if not args.dir.is_dir():
         raise CliError(f"{args.dir} is not a directory")
     try:
-        result = asyncio.run(register_model(kafka_bootstrap(Settings()), args.dir, args.name))
+        result = asyncio.run(register_model(kafka_access(Settings()), args.dir, args.name))
     except (ModelVersionConflict, InvalidVersionName, ArtifactError) as exc:
         raise CliError(str(exc)) from None
     event = result.event

@@ -6,7 +6,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from ledgerlm.cli.endpoints import kafka_bootstrap
+from ledgerlm.cli.endpoints import kafka_access
 from ledgerlm.cli.errors import CliError
 from ledgerlm.settings import Settings
 
@@ -44,7 +44,7 @@ def run_qualify(args: argparse.Namespace) -> int:
 
     settings = Settings()
     try:
-        result = asyncio.run(qualify(kafka_bootstrap(settings), args.version, settings, args.model_dir))
+        result = asyncio.run(qualify(kafka_access(settings), args.version, settings, args.model_dir))
     except (RolloutError, EngineError) as exc:
         raise CliError(str(exc)) from None
     event, results = result.event, result.report.results
@@ -66,7 +66,7 @@ def run_alias(args: argparse.Namespace) -> int:
 
     weights = parse_weights(args.weights)
     try:
-        event = asyncio.run(set_alias(kafka_bootstrap(Settings()), args.alias, weights))
+        event = asyncio.run(set_alias(kafka_access(Settings()), args.alias, weights))
     except RolloutError as exc:
         raise CliError(str(exc)) from None
     if args.json:

@@ -7,7 +7,7 @@ import json
 import logging
 import signal
 
-from ledgerlm.cli.endpoints import database_url, kafka_bootstrap
+from ledgerlm.cli.endpoints import database_url, kafka_access
 from ledgerlm.cli.errors import CliError
 from ledgerlm.settings import Settings
 
@@ -40,13 +40,13 @@ def run_project(args: argparse.Namespace) -> int:
         projections = select(settings, args.only)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    bootstrap = kafka_bootstrap(settings)
+    kafka = kafka_access(settings)
 
     async def main() -> dict:
-        producer = make_producer(bootstrap)
+        producer = make_producer(kafka)
         await producer.start()
         router = DeadLetterRouter(producer)
-        projector = Projector(bootstrap, database_url(settings), projections, reject=router.refused_by_projection,
+        projector = Projector(kafka, database_url(settings), projections, reject=router.refused_by_projection,
                               divert=router.decode_or_divert, group_id=settings.projector_group,
                               crash_after_batches=settings.projector_crash_after_batches,
                               metrics_path=settings.home / "metrics" / "projector.prom",
@@ -82,7 +82,7 @@ def run_audit(args: argparse.Namespace) -> int:
     from projections.audit import audit_replay
 
     settings = Settings()
-    report = asyncio.run(audit_replay(kafka_bootstrap(settings), database_url(settings), settings))
+    report = asyncio.run(audit_replay(kafka_access(settings), database_url(settings), settings))
     if args.json:
         print(json.dumps(report.as_dict()))
     else:

@@ -5,7 +5,7 @@ import argparse
 import asyncio
 import json
 
-from ledgerlm.cli.endpoints import database_url, kafka_bootstrap
+from ledgerlm.cli.endpoints import database_url, kafka_access
 from ledgerlm.cli.errors import CliError
 from ledgerlm.settings import Settings
 
@@ -38,7 +38,7 @@ def run_create(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         raise CliError("invalid limits: " + "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors())) from None
     try:
-        created = asyncio.run(create_tenant(kafka_bootstrap(settings), database_url(settings), args.name, limits))
+        created = asyncio.run(create_tenant(kafka_access(settings), database_url(settings), args.name, limits))
     except (TenantExists, InvalidTenantName) as exc:
         raise CliError(str(exc)) from None
     if args.json:

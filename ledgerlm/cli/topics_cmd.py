@@ -5,7 +5,7 @@ import argparse
 import asyncio
 import json
 
-from ledgerlm.cli.endpoints import kafka_bootstrap
+from ledgerlm.cli.endpoints import kafka_access
 from ledgerlm.settings import Settings
 
 
@@ -23,14 +23,14 @@ def run_ensure(args: argparse.Namespace) -> int:
     from infra.services import LocalServices
 
     settings = Settings()
-    bootstrap = kafka_bootstrap(settings)
+    kafka = kafka_access(settings)
     # A local cluster's size comes from what `infra up` started, so a broker that is down right now does not
     # shrink the expected replication factor; an external cluster is asked for its live brokers.
     brokers = LocalServices(settings).local_brokers()
     replication = settings.topic_replication_factor or (min(3, brokers) if brokers else None)
 
     async def ensure():
-        async with TopicAdmin(bootstrap, settings.topic_partitions, replication) as admin:
+        async with TopicAdmin(kafka, settings.topic_partitions, replication) as admin:
             return await admin.ensure()
 
     report = asyncio.run(ensure())

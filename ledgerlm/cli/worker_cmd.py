@@ -5,7 +5,8 @@ import argparse
 import asyncio
 import os
 
-from ledgerlm.cli.endpoints import kafka_bootstrap
+from consumers.kafka.access import KafkaAccess
+from ledgerlm.cli.endpoints import kafka_access
 from ledgerlm.cli.errors import CliError
 from ledgerlm.settings import Settings
 
@@ -22,11 +23,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     drain.set_defaults(handler=run_drain)
 
 
-async def _worker(settings: Settings, bootstrap: str, args: argparse.Namespace) -> None:
+async def _worker(settings: Settings, kafka: KafkaAccess, args: argparse.Namespace) -> None:
     from consumers.worker.runtime import Worker, load_engine
     from producers.model_registry import registered_versions
 
-    model = (await registered_versions(bootstrap)).get(args.model_version)
+    model = (await registered_versions(kafka)).get(args.model_version)
     if model is None:
         raise CliError(f"model version {args.model_version!r} is not registered")
     from engine.errors import EngineError
@@ -35,7 +36,7 @@ async def _worker(settings: Settings, bootstrap: str, args: argparse.Namespace) 
         engine = await asyncio.to_thread(load_engine, settings, model, args.model_dir)
     except EngineError as exc:
         raise CliError(f"worker refused to start: {exc}") from None
-    await Worker(settings, bootstrap, model, engine, args.worker_id).run()
+    await Worker(settings, kafka, model, engine, args.worker_id).run()
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -45,7 +46,7 @@ def run_worker(args: argparse.Namespace) -> int:
     settings = Settings()
     if settings.worker_nice:
         os.nice(settings.worker_nice)
-    return serve(_worker(settings, kafka_bootstrap(settings), args))
+    return serve(_worker(settings, kafka_access(settings), args))
 
 
 def run_drain(args: argparse.Namespace) -> int:
@@ -54,7 +55,7 @@ def run_drain(args: argparse.Namespace) -> int:
     from schemas.topics import DISPATCH
 
     async def send() -> None:
-        producer = make_producer(kafka_bootstrap(Settings()))
+        producer = make_producer(kafka_access(Settings()))
         await producer.start()
         try:
             await publish(producer, DISPATCH, DrainWorker(worker_id=args.worker_id))

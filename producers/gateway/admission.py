@@ -15,7 +15,7 @@ import uuid
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client import Histogram
 
-from consumers.kafka.clients import LONG_POLL_MS, make_producer, publish
+from consumers.kafka.clients import Kafka, make_consumer, make_producer, publish
 from consumers.kafka.clients import partitions_of
 from consumers.kafka.follower import partition_for
 from schemas.codec import DecodeError, decode
@@ -27,9 +27,9 @@ log = logging.getLogger(__name__)
 
 
 class AdmissionClient:
-    def __init__(self, bootstrap: str, controller_group: str, gateway_id: str | None = None,
+    def __init__(self, kafka: Kafka, controller_group: str, gateway_id: str | None = None,
                  latency: Histogram | None = None) -> None:
-        self.bootstrap = bootstrap
+        self.kafka = kafka
         self.controller_group = controller_group
         self.gateway_id = gateway_id or f"gw-{uuid.uuid4().hex[:12]}"
         self.producer: AIOKafkaProducer | None = None  # made in start(): aiokafka needs the running loop
@@ -44,10 +44,8 @@ class AdmissionClient:
 
     async def start(self) -> None:
         # linger 0: a caller waits on every command, so there is nothing to gain by holding it back
-        self.producer = make_producer(self.bootstrap, client_id=self.gateway_id, linger_ms=0)
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, client_id=self.gateway_id,
-                                         enable_auto_commit=False, isolation_level="read_committed",
-                                         fetch_max_wait_ms=LONG_POLL_MS)
+        self.producer = make_producer(self.kafka, client_id=self.gateway_id, linger_ms=0)
+        self.consumer = make_consumer(self.kafka, client_id=self.gateway_id, auto_offset_reset="latest")
         await self.producer.start()
         await self.consumer.start()
         partitions = await partitions_of(self.consumer, REPLIES)

@@ -24,6 +24,7 @@ from fastapi import FastAPI, Query, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from consumers.kafka.clients import Kafka
 from consumers.kafka.follower import Follower
 from ledgerlm.settings import Settings
 from ledgerlm.telemetry.metrics import GatewayMetrics, exposition
@@ -67,7 +68,7 @@ class Gateway:
     deliveries: set = field(default_factory=set)  # the open streams' queues (BoundedDelivery): what they hold
 
     @classmethod
-    def create(cls, settings: Settings, bootstrap: str, database_url: str) -> "Gateway":
+    def create(cls, settings: Settings, kafka: Kafka, database_url: str) -> "Gateway":
         catalog = ModelCatalog()
         metrics = GatewayMetrics()
         board = WorkerBoard(settings.controller_group)
@@ -76,11 +77,11 @@ class Gateway:
             if isinstance(event, WorkerHeartbeat):
                 board.observe(event)
 
-        return cls(settings, AdmissionClient(bootstrap, settings.controller_group, latency=metrics.admission_latency),
-                   StreamBridge(bootstrap), GatewayDatabase(database_url), catalog,
-                   Follower(bootstrap, [MODELS], lambda _topic, event: catalog.observe(event),
+        return cls(settings, AdmissionClient(kafka, settings.controller_group, latency=metrics.admission_latency),
+                   StreamBridge(kafka), GatewayDatabase(database_url), catalog,
+                   Follower(kafka, [MODELS], lambda _topic, event: catalog.observe(event),
                             client_id="gateway-models"), metrics, board=board,
-                   workers_follower=Follower(bootstrap, [WORKERS], on_worker, client_id="gateway-workers"))
+                   workers_follower=Follower(kafka, [WORKERS], on_worker, client_id="gateway-workers"))
 
     async def start(self) -> None:
         await self.db.start()
@@ -128,8 +129,8 @@ class Gateway:
         await self.db.stop()
 
 
-def create_app(settings: Settings, bootstrap: str, database_url: str) -> FastAPI:
-    gateway = Gateway.create(settings, bootstrap, database_url)
+def create_app(settings: Settings, kafka: Kafka, database_url: str) -> FastAPI:
+    gateway = Gateway.create(settings, kafka, database_url)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):

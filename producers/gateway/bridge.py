@@ -19,6 +19,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from consumers.kafka.clients import Kafka
 from consumers.kafka.follower import Follower
 from schemas.envelope import Envelope
 from schemas.lifecycle import (
@@ -102,10 +103,10 @@ class GenerationView:
 
 
 class StreamBridge:
-    def __init__(self, bootstrap: str, clock=time.monotonic) -> None:
+    def __init__(self, kafka: Kafka, clock=time.monotonic) -> None:
         self.views: dict[str, GenerationView] = {}
         self.clock = clock
-        self.follower = Follower(bootstrap, [TOKENS, GENERATIONS], self.on_event, start="end",
+        self.follower = Follower(kafka, [TOKENS, GENERATIONS], self.on_event, start="end",
                                  client_id="gateway-bridge", after_batch=self.notify_changed)
         self._changed: set[str] = set()
         self._tasks: list[asyncio.Task] = []

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from consumers.kafka.groups import move_group_to_end
 from ledgerlm.settings import Settings
@@ -281,10 +280,9 @@ async def wait_until(predicate, timeout_s: float, step_s: float = 0.02, what: st
 async def read_topic(bootstrap: str, topic: str, since_ms: int, match) -> list:
     """Decoded events on `topic` written since `since_ms` (epoch ms) for which match(event) holds."""
     from schemas.codec import DecodeError, decode
-    from consumers.kafka.clients import partitions_of
+    from consumers.kafka.clients import make_consumer, partitions_of
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                isolation_level="read_committed")
+    consumer = make_consumer(bootstrap, client_id="test-read-topic", auto_offset_reset="latest")
     await consumer.start()
     found = []
     try:
