@@ -51,7 +51,7 @@ def test_stack_settings(settings: Settings) -> Settings:
 
 def start_services(settings: Settings) -> RunningServices:
     if settings.kafka_bootstrap and settings.database_url:
-        return RunningServices(Endpoints(settings.kafka_bootstrap, settings.database_url), "external")
+        return RunningServices(Endpoints(settings.kafka_bootstrap, settings.database_url.get_secret_value()), "external")
     if docker_reachable() and os.environ.get("LEDGERLM_TEST_LOCAL_SERVICES") != "1":
         return _start_containers()
     return _start_fresh_local(test_stack_settings(settings))
@@ -86,3 +86,16 @@ def _start_containers() -> RunningServices:
     postgres.start()
     endpoints = Endpoints(kafka.get_bootstrap_server(), postgres.get_connection_url())
     return RunningServices(endpoints, "testcontainers", (kafka, postgres))
+
+
+def sasl_access(endpoints: Endpoints, settings: Settings, principal: str):
+    """The session broker's SASL_PLAINTEXT listener as `principal` (its generated SCRAM password), or None
+    when the session's Kafka is not the project's own local node (testcontainers, external)."""
+    from pydantic import SecretStr
+
+    from consumers.kafka.access import KafkaAccess, KafkaPrincipal
+
+    if endpoints.kafka_sasl_bootstrap is None:
+        return None
+    password = LocalServices(test_stack_settings(settings)).kafka.scram_passwords()[principal]
+    return KafkaAccess(endpoints.kafka_sasl_bootstrap, "SASL_PLAINTEXT", KafkaPrincipal(principal, SecretStr(password)))

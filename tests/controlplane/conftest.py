@@ -1,5 +1,9 @@
 """Control-plane fixtures: real Kafka and Postgres, a controller process, in-process workers and gateway.
 
+With the project's own local broker, every role here reaches Kafka through its
+SASL_PLAINTEXT (SCRAM) listener as a principal of its own (`cp_kafka`,
+`cp_env`); the shared fixtures and helpers that are not roles stay on PLAINTEXT.
+
 The controller runs as a real process (so a test can kill -9 it) in a consumer
 group of its own, started at the current end of `llm.commands`; workers run
 in this process (their engines share one torch import) unless a test needs
@@ -72,9 +76,24 @@ def cp_settings(services) -> Settings:
 
 
 @pytest.fixture(scope="session")
-def cp_env(services, database_url) -> dict[str, str]:
-    return {**os.environ, **ENV, "LEDGERLM_KAFKA_BOOTSTRAP": services.kafka_bootstrap,
-            "LEDGERLM_DATABASE_URL": database_url}
+def cp_kafka(services, bootstrap):
+    """role -> how that role reaches Kafka: the SASL listener as its own principal when there is one."""
+    from tests.services import sasl_access
+
+    return lambda role: sasl_access(services, Settings(), role) or bootstrap
+
+
+@pytest.fixture(scope="session")
+def cp_env(services, database_url, cp_kafka) -> dict[str, str]:
+    """The environment of role processes: over SASL as `controller` when the local broker has a SASL listener."""
+    env = {**os.environ, **ENV, "LEDGERLM_KAFKA_BOOTSTRAP": services.kafka_bootstrap,
+           "LEDGERLM_DATABASE_URL": database_url}
+    access = cp_kafka("controller")
+    if not isinstance(access, str):
+        env.update({"LEDGERLM_KAFKA_BOOTSTRAP": access.bootstrap, "LEDGERLM_KAFKA_SECURITY_PROTOCOL": access.protocol,
+                    "LEDGERLM_KAFKA_SASL_USERNAME": access.principal.username,
+                    "LEDGERLM_KAFKA_SASL_PASSWORD": access.principal.password.get_secret_value()})
+    return env
 
 
 @pytest.fixture(scope="session")
@@ -181,7 +200,7 @@ def worker_tasks() -> dict:
 
 
 @pytest.fixture(scope="session")
-async def start_worker(bootstrap, cp_settings, versions, engine_artifacts, model_dir, worker_tasks):
+async def start_worker(bootstrap, cp_kafka, cp_settings, versions, engine_artifacts, model_dir, worker_tasks):
     """start_worker(version_role="served", blocks=256) -> a running in-process Worker (stopped at session end).
 
     `version_role` is a role of `versions`, or the name of a version a test registered itself (same weights)."""
@@ -203,7 +222,7 @@ async def start_worker(bootstrap, cp_settings, versions, engine_artifacts, model
                               dtype="float32", device="cpu", tenant_weights={}, expected_checksums=model.checksums)
         engine = Engine(model_dir, config, artifacts=engine_artifacts)
         settings = cp_settings.model_copy(update=overrides)
-        worker = Worker(settings, bootstrap, model, engine, worker_id or f"cp-worker-{uuid.uuid4().hex[:6]}")
+        worker = Worker(settings, cp_kafka("worker"), model, engine, worker_id or f"cp-worker-{uuid.uuid4().hex[:6]}")
         task = asyncio.create_task(worker.run())
         await asyncio.wait_for(worker.ready.wait(), 30)
         running.append((worker, task))
@@ -229,10 +248,10 @@ async def worker(start_worker, controller):
 
 
 @pytest.fixture(scope="session")
-async def gateway(bootstrap, database_url, cp_settings, versions, controller):
+async def gateway(cp_kafka, database_url, cp_settings, versions, controller):
     from producers.gateway.app import create_app
 
-    app = create_app(cp_settings, bootstrap, database_url)
+    app = create_app(cp_settings, cp_kafka("gateway"), database_url)
     await app.state.gateway.start()
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway", timeout=60)
     client.gateway = app.state.gateway

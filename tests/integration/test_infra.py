@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.credentials import redact_url
 from infra.errors import InfraError
 from infra.kafka_node import KafkaNode
 from infra.services import LocalServices
@@ -27,7 +28,7 @@ def test_status_json_reports_both_services_up(services):
     status = json.loads(result.stdout)
     assert status["kafka"]["up"] is True and status["postgres"]["up"] is True
     assert status["kafka"]["bootstrap"] == services.kafka_bootstrap
-    assert status["postgres"]["url"] == services.database_url
+    assert status["postgres"]["url"] == redact_url(services.database_url)
 
 
 def test_up_twice_keeps_the_same_processes(services):
