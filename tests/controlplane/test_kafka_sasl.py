@@ -69,7 +69,7 @@ async def test_the_sasl_listener_takes_the_generated_credentials(sasl):
 
 
 @pytest.mark.parametrize("case", ["wrong password", "unknown principal", "no authentication"])
-async def test_the_sasl_listener_refuses_clients_without_the_right_credentials(sasl, case):
+async def test_the_sasl_listener_refuses_clients_without_the_right_credentials(sasl, case, caplog):
     refused = {
         "wrong password": KafkaAccess(sasl.bootstrap, "SASL_PLAINTEXT",
                                       KafkaPrincipal("admin", SecretStr("not-the-password"))),
@@ -77,7 +77,7 @@ async def test_the_sasl_listener_refuses_clients_without_the_right_credentials(s
                                          KafkaPrincipal("mallory", sasl.principal.password)),
         "no authentication": KafkaAccess(sasl.bootstrap),
     }[case]
-    with pytest.raises((KafkaConnectionError, TimeoutError)) as raised:
+    with pytest.raises((KafkaConnectionError, TimeoutError)):
         await listed_topics(refused)
-    if case != "no authentication":  # a PLAINTEXT client cannot even speak to a SASL listener
-        assert "SaslAuthenticationFailed" in str(raised.value)
+    if case != "no authentication":  # (a PLAINTEXT client cannot even start the handshake)
+        assert "SaslAuthenticationFailed" in caplog.text  # aiokafka logs the broker's answer
