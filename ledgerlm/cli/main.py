@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "ledgerlm.cli.worker_cmd",
     "ledgerlm.cli.gateway_cmd",
     "ledgerlm.cli.intake_cmd",
+    "ledgerlm.cli.submit_cmd",
     "ledgerlm.cli.up_cmd",
 )
 

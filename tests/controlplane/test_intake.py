@@ -156,3 +156,16 @@ async def test_a_batch_beyond_the_budget_completes_paced_by_retry_after(bootstra
     assert sorted(r["requestId"] for r in got) == sorted(r["requestId"] for r in batch)
     assert {r["status"] for r in got} == {"completed"}
     assert "intake held" in intake.log.read_text()[log_at:]  # the budget said 429 and the record waited
+
+
+async def test_submit_helper_runs_a_jsonl_file_and_summarizes(bootstrap, intake, intake_tenants, versions, tmp_path):
+    from ledgerlm.cli.submit_cmd import submit
+
+    tenant = intake_tenants["kafka"]
+    lines = [request(versions["served"]) for _ in range(5)] + [request("no-such-model@1")]
+    path = tmp_path / "batch.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    results, summary = await submit(bootstrap, tenant, path, 120)
+    assert set(results) == {line["requestId"] for line in lines}
+    assert (summary["completed"], summary["rejected"], summary["missing"]) == (5, 1, 0)
+    assert summary["billed"]["outputTokens"] == 5 * 4
