@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from schemas.intake import TENANT_TOPICS
 from schemas.topics import TOPICS
 
 
@@ -15,7 +16,7 @@ def asyncapi_document(broker) -> dict:
     """The AsyncAPI document of `broker`, a FastStream KafkaBroker, given a publisher per record type."""
     from faststream.specification import AsyncAPI
 
-    for topic in TOPICS:
+    for topic in TOPICS + TENANT_TOPICS:  # tenant topics are named with {tenant}
         for model in topic.carries:
             type_name = model.model_fields["type"].default
             broker.publisher(

@@ -25,6 +25,8 @@ COMMAND_MODULES = (
     "ledgerlm.cli.controller_cmd",
     "ledgerlm.cli.worker_cmd",
     "ledgerlm.cli.gateway_cmd",
+    "ledgerlm.cli.intake_cmd",
+    "ledgerlm.cli.submit_cmd",
     "ledgerlm.cli.up_cmd",
 )
 

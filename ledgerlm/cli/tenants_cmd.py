@@ -21,7 +21,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     create.add_argument("--max-concurrency", type=int, default=64)
     create.add_argument("--max-queued-tokens", type=int, default=400_000)
     create.add_argument("--json", action="store_true")
+    create.add_argument("--no-kafka", action="store_true", help="no intake/results topics for the tenant")
     create.set_defaults(handler=run_create)
+    grant = tenants.add_parser("grant-kafka", help="create the tenant's intake and results topics "
+                                                   "(llm.requests.<tenant>, llm.results.<tenant>)")
+    grant.add_argument("name")
+    grant.add_argument("--json", action="store_true")
+    grant.set_defaults(handler=run_grant)
+
+
+def grant(settings: Settings, name: str):
+    from producers.tenant_kafka import grant_kafka
+
+    return asyncio.run(grant_kafka(kafka_access(settings), name, settings.topic_partitions,
+                                   settings.topic_replication_factor))
+
+
+def run_grant(args: argparse.Namespace) -> int:
+    from producers.tenant_admin import project_tenants
+
+    settings = Settings()
+    import psycopg
+
+    asyncio.run(project_tenants(kafka_access(settings), database_url(settings)))
+    with psycopg.connect(database_url(settings)) as conn:
+        if conn.execute("SELECT 1 FROM tenants WHERE tenant_id = %s", (args.name,)).fetchone() is None:
+            raise CliError(f"no tenant {args.name!r}")
+    granted = grant(settings, args.name)
+    print(json.dumps(granted.as_json()) if args.json else
+          f"tenant {args.name}: publish to {granted.intake_topic}, read {granted.results_topic}")
+    return 0
 
 
 def run_create(args: argparse.Namespace) -> int:
@@ -41,9 +70,13 @@ def run_create(args: argparse.Namespace) -> int:
         created = asyncio.run(create_tenant(kafka_access(settings), database_url(settings), args.name, limits))
     except (TenantExists, InvalidTenantName) as exc:
         raise CliError(str(exc)) from None
+    granted = None if args.no_kafka else grant(settings, created.tenant_id)
     if args.json:
-        print(json.dumps({"tenantId": created.tenant_id, "apiKey": created.api_key}))
+        print(json.dumps({"tenantId": created.tenant_id, "apiKey": created.api_key,
+                          **({"kafka": granted.as_json()} if granted else {})}))
     else:
         print(f"tenant {created.tenant_id} created")
         print(f"API key (shown once, store it now): {created.api_key}")
+        if granted:
+            print(f"Kafka: publish to {granted.intake_topic}, read {granted.results_topic}")
     return 0

@@ -17,6 +17,7 @@ from schemas.commands import SubmitGeneration
 from schemas.replies import AdmissionDecision
 
 if TYPE_CHECKING:
+    from producers.gateway.admission import AdmissionClient
     from producers.gateway.app import Gateway
 
 log = logging.getLogger(__name__)
@@ -45,16 +46,22 @@ async def refuse_without_workers(gateway: "Gateway", principal: Principal, body:
                    {"requestId": body.request_id}, gateway.settings.retry_after_ms)
 
 
+def submit_command(admission: "AdmissionClient", plane: str, tenant_id: str, body: GenerationRequest,
+                   prompt: EffectivePrompt) -> SubmitGeneration:
+    """The `SubmitGeneration` of a rendered request: the gateway and the Kafka intake build it the same way."""
+    return SubmitGeneration(
+        tenant_id=tenant_id, request_id=body.request_id, gateway_id=admission.gateway_id,
+        correlation_id=admission.correlation_id(), model_version=body.model,
+        input_token_ids=prompt.token_ids, max_output_tokens=prompt.max_output_tokens, sampling=prompt.sampling,
+        tier=body.tier, payload_hash=prompt.payload_hash, plane=plane)
+
+
 async def submit_generation(gateway: "Gateway", principal: Principal, body: GenerationRequest,
                             prompt: EffectivePrompt, started: float) -> AdmissionDecision:
     """The admitting decision (201 new, 200 existing); ApiError for every other answer or none in time."""
     admission, settings = gateway.admission, gateway.settings
     await refuse_without_workers(gateway, principal, body, prompt)
-    command = SubmitGeneration(
-        tenant_id=principal.tenant_id, request_id=body.request_id, gateway_id=admission.gateway_id,
-        correlation_id=admission.correlation_id(), model_version=body.model,
-        input_token_ids=prompt.token_ids, max_output_tokens=prompt.max_output_tokens, sampling=prompt.sampling,
-        tier=body.tier, payload_hash=prompt.payload_hash, plane=settings.controller_group)
+    command = submit_command(admission, settings.controller_group, principal.tenant_id, body, prompt)
     timing: list[float] = []
     decision = await admission.decide(command, settings.admission_timeout_ms / 1000, timing)
     if decision is None:

@@ -92,8 +92,9 @@ def test_asyncapi_document_describes_every_topic_and_type():
     document = json.loads(result.stdout)
     assert document["asyncapi"] == "3.0.0"
     addresses = {(c["address"], name.split(":")[1]) for name, c in document["channels"].items()}
+    from schemas.intake import TENANT_TOPICS
     from schemas.topics import TOPICS
-    assert addresses == {(t.name, m.model_fields["type"].default) for t in TOPICS for m in t.carries}
+    assert addresses == {(t.name, m.model_fields["type"].default) for t in TOPICS + TENANT_TOPICS for m in t.carries}
     assert "SubmitGeneration" in document["components"]["schemas"]
 
 

@@ -1,0 +1,171 @@
+"""The Kafka-native client API on the real broker: requests on `llm.requests.<tenant>`, results on
+`llm.results.<tenant>`, through an `ledgerlm intake` process (intake + results publisher)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+import pytest
+
+from consumers.kafka.clients import make_consumer, make_producer, partitions_of
+from schemas.intake import intake_topic, results_topic
+from schemas.values import TenantLimits
+from tests.controlplane.conftest import SESSION, Process, read_topic
+
+
+@pytest.fixture(scope="module")
+async def intake_tenants(bootstrap, database_url, topics):
+    from producers.tenant_admin import create_tenant
+    from producers.tenant_kafka import grant_kafka
+
+    made = {}
+    for role, limits in {"kafka": TenantLimits(), "paced": TenantLimits(max_concurrency=2)}.items():
+        created = await create_tenant(bootstrap, database_url, f"cp-{role}-{SESSION}", limits)
+        await grant_kafka(bootstrap, created.tenant_id)
+        made[role] = created.tenant_id
+    return made
+
+
+@pytest.fixture(scope="module")
+async def intake(intake_tenants, cp_env, controller, worker, tmp_path_factory):
+    proc = Process(["intake", "--instance-id", f"it-{SESSION}"], cp_env,
+                   tmp_path_factory.mktemp("intake-logs") / "intake.log").start()
+    await proc.wait_for_log("intake started", 60)
+    yield proc
+    proc.stop()
+
+
+def request(version: str, request_id: str | None = None, **fields) -> dict:
+    return {"requestId": request_id or f"k-{uuid.uuid4().hex[:10]}", "model": version, "input": "the water is",
+            "maxOutputTokens": 4, **fields}
+
+
+async def publish(bootstrap: str, tenant: str, records: list) -> None:
+    producer = make_producer(bootstrap)
+    await producer.start()
+    try:
+        for record in records:
+            value = record if isinstance(record, bytes) else json.dumps(record).encode()
+            key = record.get("requestId", "").encode() if isinstance(record, dict) else None
+            await producer.send(intake_topic(tenant), value, key=key)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def results(bootstrap: str, tenant: str, want: set[str], timeout_s: float, settle_s: float = 0.0) -> list:
+    """Every result record on the tenant's results topic, read until each of `want` has one (then `settle_s`
+    more, so that a duplicate would be seen)."""
+    consumer = make_consumer(bootstrap, client_id="test-results")
+    await consumer.start()
+    found: list[dict] = []
+    try:
+        consumer.assign(await partitions_of(consumer, results_topic(tenant)))
+        deadline, settled = time.monotonic() + timeout_s, None
+        while time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                found += [json.loads(r.value) for r in records]
+            if settled is None and want <= {r["requestId"] for r in found}:
+                settled = time.monotonic() + settle_s
+            if settled is not None and time.monotonic() >= settled:
+                return found
+        missing = want - {r["requestId"] for r in found}
+        raise AssertionError(f"{len(missing)} of {len(want)} requests have no result after {timeout_s}s")
+    finally:
+        await consumer.stop()
+
+
+async def admitted_per_request(bootstrap, tenant: str, since_ms: int) -> dict[str, int]:
+    events = await read_topic(bootstrap, "llm.generations", since_ms,
+                              lambda e: e.type == "Admitted" and e.tenant_id == tenant)
+    counts: dict[str, int] = {}
+    for event in events:
+        counts[event.request_id] = counts.get(event.request_id, 0) + 1
+    return counts
+
+
+async def test_100_requests_one_result_each_and_a_duplicate_runs_nothing(bootstrap, intake, intake_tenants,
+                                                                        versions):
+    tenant, since = intake_tenants["kafka"], int(time.time() * 1000)
+    batch = [request(versions["served"]) for _ in range(100)]
+    await publish(bootstrap, tenant, batch + [batch[0]])  # the first once more: same requestId, same payload
+    got = await results(bootstrap, tenant, {r["requestId"] for r in batch}, 240, settle_s=2.0)
+    by_id = {}
+    for result in got:
+        by_id.setdefault(result["requestId"], []).append(result)
+    assert sorted(map(len, by_id.values())) == [1] * 100
+    first = by_id[batch[0]["requestId"]][0]
+    assert (first["status"], first["endReason"], first["usage"]["outputTokens"]) == ("completed", "output-limit", 4)
+    assert first["generationId"].startswith("gen_") and first["text"]
+    assert set((await admitted_per_request(bootstrap, tenant, since)).values()) == {1}
+
+
+async def test_changed_payload_under_the_same_request_id_is_a_conflict_result(bootstrap, intake, intake_tenants,
+                                                                             versions):
+    tenant, first = intake_tenants["kafka"], request(versions["served"])
+    await publish(bootstrap, tenant, [first])
+    await results(bootstrap, tenant, {first["requestId"]}, 60)
+    await publish(bootstrap, tenant, [{**first, "maxOutputTokens": 5}])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        got = [r for r in await results(bootstrap, tenant, {first["requestId"]}, 30, settle_s=0.5)
+               if r["requestId"] == first["requestId"]]
+        if len(got) == 2:
+            break
+    assert [r["status"] for r in got] == ["completed", "rejected"]
+    assert got[1]["errorCode"] == "request_id_conflict" and got[1]["generationId"] == got[0]["generationId"]
+
+
+async def test_invalid_records_get_a_result_naming_the_field_or_a_dead_letter(bootstrap, intake, intake_tenants,
+                                                                            versions):
+    tenant = intake_tenants["kafka"]
+    bad = request(versions["served"], maxOutputTokens="8")
+    unknown = request("no-such-model@1")
+    await publish(bootstrap, tenant, [bad, unknown, b"not json"])
+    got = {r["requestId"]: r for r in await results(bootstrap, tenant, {bad["requestId"], unknown["requestId"]}, 60)}
+    assert (got[bad["requestId"]]["status"], got[bad["requestId"]]["errorCode"],
+            got[bad["requestId"]]["field"]) == ("rejected", "invalid_request", "maxOutputTokens")
+    assert got[unknown["requestId"]]["errorCode"] == "unknown_model"
+
+
+async def test_intake_killed_mid_batch_loses_and_duplicates_nothing(bootstrap, intake, intake_tenants, versions):
+    tenant, since = intake_tenants["kafka"], int(time.time() * 1000)
+    batch = [request(versions["served"], maxOutputTokens=8) for _ in range(60)]
+    await publish(bootstrap, tenant, batch)
+    await asyncio.sleep(0)  # the batch is on the log; kill once part of it has results
+    await results(bootstrap, tenant, {r["requestId"] for r in batch[:5]}, 120)
+    intake.kill9()
+    restarted_at = intake.log_size()
+    intake.start()
+    await intake.wait_for_log("results publisher owns partitions", 60, after=restarted_at)
+    got = await results(bootstrap, tenant, {r["requestId"] for r in batch}, 240, settle_s=3.0)
+    mine = [r["requestId"] for r in got if r["requestId"] in {b["requestId"] for b in batch}]
+    assert sorted(mine) == sorted(r["requestId"] for r in batch)  # each exactly once
+    counts = await admitted_per_request(bootstrap, tenant, since)
+    assert {r["requestId"]: counts.get(r["requestId"]) for r in batch} == {r["requestId"]: 1 for r in batch}
+
+
+async def test_a_batch_beyond_the_budget_completes_paced_by_retry_after(bootstrap, intake, intake_tenants, versions):
+    tenant = intake_tenants["paced"]  # at most 2 generations at once
+    batch = [request(versions["served"], maxOutputTokens=16) for _ in range(12)]
+    log_at = intake.log_size()
+    await publish(bootstrap, tenant, batch)
+    got = await results(bootstrap, tenant, {r["requestId"] for r in batch}, 240, settle_s=1.0)
+    assert sorted(r["requestId"] for r in got) == sorted(r["requestId"] for r in batch)
+    assert {r["status"] for r in got} == {"completed"}
+    assert "intake held" in intake.log.read_text()[log_at:]  # the budget said 429 and the record waited
+
+
+async def test_submit_helper_runs_a_jsonl_file_and_summarizes(bootstrap, intake, intake_tenants, versions, tmp_path):
+    from ledgerlm.cli.submit_cmd import submit
+
+    tenant = intake_tenants["kafka"]
+    lines = [request(versions["served"]) for _ in range(5)] + [request("no-such-model@1")]
+    path = tmp_path / "batch.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    results, summary = await submit(bootstrap, tenant, path, 120)
+    assert set(results) == {line["requestId"] for line in lines}
+    assert (summary["completed"], summary["rejected"], summary["missing"]) == (5, 1, 0)
+    assert summary["billed"]["outputTokens"] == 5 * 4

@@ -1,0 +1,63 @@
+"""Intake records and results derived from the log, without Kafka."""
+from __future__ import annotations
+
+from producers.intake.records import Refusal, parse_request
+from projections.results import ResultsDeriver
+from schemas.asyncapi import asyncapi_document
+from schemas.lifecycle import Admitted, AttemptStarted, Completed, Interrupted, UsageReported
+from schemas.stream import StreamFinished, TokensEmitted
+from schemas.values import Usage
+
+GEN = {"tenant_id": "t", "generation_id": "gen_1"}
+
+
+def admitted() -> Admitted:
+    return Admitted(**GEN, request_id="r1", model_version="m@1", input_tokens=3, max_output_tokens=4,
+                    reserved_tokens=7, payload_hash="0" * 64)
+
+
+def tokens(seq: int, text: str, epoch: int = 1) -> TokensEmitted:
+    return TokensEmitted(**GEN, epoch=epoch, seq=seq, token_ids=(seq,), text_delta=text, token_count=seq)
+
+
+def test_a_request_is_validated_with_the_http_bounds_and_batch_is_the_default_tier():
+    parsed = parse_request(b'{"requestId":"r","model":"m@1","input":"hi","maxOutputTokens":8}')
+    assert (parsed.request_id, parsed.tier, parsed.max_output_tokens) == ("r", "batch", 8)
+    assert parse_request(b'{"requestId":"r","model":"m@1","input":"hi","maxOutputTokens":8,"topP":0}') == \
+        Refusal("r", "invalid_request", "topP: Input should be greater than 0", "topP")
+    assert parse_request(b'{"requestId":"r","schemaVersion":2}').error_code == "unsupported_schema_version"
+    assert parse_request(b'[1]').request_id is None
+
+
+def test_one_result_per_generation_from_its_stream_end_even_when_tokens_overtake_admitted():
+    deriver = ResultsDeriver()
+    assert deriver.observe(tokens(1, "The")) is None
+    assert deriver.observe(tokens(2, " sea")) is None
+    final = StreamFinished(**GEN, epoch=1, seq=3, reason="output-limit",
+                           usage=Usage(processed_input_tokens=3, generated_output_tokens=2))
+    assert deriver.observe(final) is None  # no requestId yet
+    result = deriver.observe(admitted())
+    assert (result.request_id, result.status, result.text, result.usage.output_tokens) == ("r1", "completed",
+                                                                                          "The sea", 2)
+    assert deriver.observe(Completed(**GEN, epoch=1, finish_reason="length", usage=Usage())) is None
+    assert deriver.observe(final) is None and not deriver.open
+
+
+def test_an_interrupted_generation_is_billed_at_its_last_watermark_and_labelled():
+    deriver = ResultsDeriver()
+    deriver.observe(admitted())
+    deriver.observe(AttemptStarted(**GEN, epoch=1, worker_id="w"))
+    deriver.observe(tokens(1, "a"))
+    deriver.observe(UsageReported(**GEN, epoch=1, report_seq=1, usage=Usage(generated_output_tokens=1)))
+    result = deriver.observe(Interrupted(**GEN, epoch=1, worker_id="w"))
+    assert (result.status, result.usage_label, result.usage.output_tokens, result.text) == (
+        "interrupted", "interrupted", 1, "a")
+    late = StreamFinished(**GEN, epoch=1, seq=2, reason="completed", usage=Usage(generated_output_tokens=2))
+    assert deriver.observe(late) is None
+
+
+def test_the_asyncapi_document_has_both_tenant_topics():
+    from consumers.kafka.clients import make_broker
+
+    channels = asyncapi_document(make_broker("127.0.0.1:9"))["channels"]
+    assert {"llm.requests.{tenant}:GenerationRequested", "llm.results.{tenant}:GenerationResult"} <= set(channels)
