@@ -79,6 +79,9 @@ class Settings(BaseSettings):
                                     "qualification (`models qualify`) passed on their registered content")
     max_attempt_s: float = Field(default=1800.0, gt=0, description="an attempt running longer than this since "
                                  "its dispatch is interrupted (reason max-attempt-time), and its worker aborts it")
+    identity_ttl_s: float = Field(default=86400.0, gt=0, description="the controller forgets an ended "
+                                  "generation's (tenant, requestId) this long after its end (tombstoned in the "
+                                  "changelog); a live one never expires. After it the requestId is a new request")
     generation_deadline_s: float = Field(default=300.0, gt=0, description="an attempt must start within this")
     admission_timeout_ms: int = Field(default=10000, ge=100)
     gateway_host: str = "127.0.0.1"
