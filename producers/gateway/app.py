@@ -329,7 +329,12 @@ def create_app(settings: Settings, kafka: Kafka, database_url: str) -> FastAPI:
             raise ApiError(503, "controller_unavailable", "no cancel decision in time",
                            {"generationId": generation_id}, settings.retry_after_ms)
         if decision.http_status == 404:
-            raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
+            # The controller forgets an identity identity_ttl_s after its end; the projection still knows it.
+            ended = await read_status(gateway.db, gateway.bridge, principal.tenant_id, generation_id)
+            if ended is None or ended["status"] not in TERMINAL:
+                raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
+            return JSONResponse({"id": generation_id, "status": ended["status"], "endReason": ended["endReason"],
+                                 "requestId": ended["requestId"]}, status_code=200)
         status, end_reason = decision.status, None
         if decision.http_status == 200:  # already ended: the controller reports how
             end_reason = decision.status
