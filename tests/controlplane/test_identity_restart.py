@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from aiokafka import AIOKafkaConsumer
 
 from consumers.controller.runtime import Controller
+from consumers.kafka.access import KafkaAccess
 from consumers.kafka.clients import make_producer, partitions_of, publish, read_to_end
 from consumers.kafka.groups import move_group_to_end
 from producers.gateway.admission import AdmissionClient
@@ -27,8 +28,8 @@ TTL_S = 2.0
 
 
 @asynccontextmanager
-async def running_controller(settings, bootstrap):
-    controller = Controller(settings, bootstrap)
+async def running_controller(settings, kafka):
+    controller = Controller(settings, kafka)
     task = asyncio.create_task(controller.run())
     try:
         await wait_until(lambda: controller.states or task.done(), 60, what="the controller to own partitions")
@@ -39,8 +40,8 @@ async def running_controller(settings, bootstrap):
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def changelog_tombstones(bootstrap: str, key: str) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+async def changelog_tombstones(kafka, key: str) -> int:
+    consumer = AIOKafkaConsumer(**KafkaAccess.of(kafka).client_options(), enable_auto_commit=False,
                                 isolation_level="read_committed")
     await consumer.start()
     try:
@@ -56,15 +57,16 @@ async def changelog_tombstones(bootstrap: str, key: str) -> int:
 
 
 async def test_an_expired_identity_is_tombstoned_and_a_restarted_controller_does_not_resurrect_it(
-        bootstrap, cp_settings, tenants, versions):
+        bootstrap, cp_kafka, cp_settings, tenants, versions):
     plane = f"ttl-{uuid.uuid4().hex[:8]}"
     settings = cp_settings.model_copy(update={"controller_group": plane, "identity_ttl_s": TTL_S,
                                               "lease_check_interval_ms": 100})
     tenant_id, version = tenants["other"].tenant_id, versions["idle"]
-    await move_group_to_end(bootstrap, plane, COMMANDS)
-    producer = make_producer(bootstrap)
+    await move_group_to_end(cp_kafka("controller"), plane, COMMANDS)
+    controller_kafka = cp_kafka("controller")
+    producer = make_producer(cp_kafka("worker"))
     await producer.start()
-    admission = AdmissionClient(bootstrap, plane)
+    admission = AdmissionClient(cp_kafka("gateway"), plane)
     await admission.start()
 
     def submit(request_id: str, payload: str) -> SubmitGeneration:
@@ -77,7 +79,7 @@ async def test_an_expired_identity_is_tombstoned_and_a_restarted_controller_does
         await publish(producer, WORKERS, WorkerHeartbeat(
             worker_id=f"{plane}-w", model_versions=(version,), total_blocks=256, free_blocks=256, block_size=16,
             running=0, queued_tokens=0, lease_ms=600_000, plane=plane))
-        async with running_controller(settings, bootstrap) as first:
+        async with running_controller(settings, controller_kafka) as first:
             created = await admission.decide(submit("once", "ab"), 30)
             assert created.http_status == 201
             gen_id = created.generation_id
@@ -88,8 +90,8 @@ async def test_an_expired_identity_is_tombstoned_and_a_restarted_controller_does
             key = identity_key(plane, tenant_id, "once")
             await wait_until(lambda: all(s.find(tenant_id, gen_id) is None for s in first.states.values()), 30,
                              what="the identity to expire")
-        assert await changelog_tombstones(bootstrap, key) == 1
-        async with running_controller(settings, bootstrap) as second:
+        assert await changelog_tombstones(controller_kafka, key) == 1
+        async with running_controller(settings, controller_kafka) as second:
             assert all(s.find(tenant_id, gen_id) is None for s in second.states.values())
             for state in second.states.values():
                 for tenant in state.tenants.values():
