@@ -79,6 +79,9 @@ class Settings(BaseSettings):
                                     "qualification (`models qualify`) passed on their registered content")
     max_attempt_s: float = Field(default=1800.0, gt=0, description="an attempt running longer than this since "
                                  "its dispatch is interrupted (reason max-attempt-time), and its worker aborts it")
+    identity_ttl_s: float = Field(default=86400.0, gt=0, description="the controller forgets an ended "
+                                  "generation's (tenant, requestId) this long after its end (tombstoned in the "
+                                  "changelog); a live one never expires. After it the requestId is a new request")
     generation_deadline_s: float = Field(default=300.0, gt=0, description="an attempt must start within this")
     admission_timeout_ms: int = Field(default=10000, ge=100)
     gateway_host: str = "127.0.0.1"
@@ -124,6 +127,18 @@ class Settings(BaseSettings):
     projector_ready_lag: int = Field(default=1000, ge=0,
                                      description="the projector is ready while no projection lags more records")
     projector_lag_interval_s: float = Field(default=10.0, gt=0, description="how often projection lag is measured")
+    # -- gateway bounds (issue 15): what one client or tenant can make a gateway hold --
+    gateway_db_pool_size: int = Field(default=4, ge=1, description="Postgres connections the gateway's reads share")
+    gateway_auth_cache_entries: int = Field(default=10000, ge=1, description="API key answers (hits and misses) "
+                                            "cached, and client addresses whose failures are counted")
+    gateway_auth_cache_s: float = Field(default=5.0, gt=0, description="how long an API key answer is cached")
+    gateway_auth_failures_per_minute: int = Field(default=30, ge=1, description="failed authentications one "
+                                                  "client address may make per minute (as a burst too); more: 429")
+    gateway_max_streams_per_tenant: int = Field(default=256, ge=1, description="open streams (SSE, WebSocket, "
+                                                "OpenAI stream) one tenant may hold on one gateway; more: 429")
+    gateway_max_waiting_per_tenant: int = Field(default=256, ge=1, description="calls waiting for their "
+                                                "generation's end (wait=true, OpenAI without stream) one tenant "
+                                                "may hold on one gateway; more: 429")
     max_request_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, description="larger HTTP bodies get 413")
 
     @field_validator("worker_kv_cache_bytes", mode="before")

@@ -11,6 +11,11 @@ latest record per item:
 only its own plane's records, so two control planes sharing a broker never
 adopt (and expire) each other's generations.
 
+An ended generation's identity is forgotten `identity_ttl_s` after its end
+(`ended_at`): the controller writes a tombstone (a null value) under its key
+in the same transaction as its decision, so a rebuild forgets it too and
+compaction finally drops both. After that the request id is a new request.
+
 Tokens in flight and concurrency are not stored separately: they are the sums
 over a tenant's live generations, so a rebuild cannot disagree with them.
 """
@@ -47,11 +52,28 @@ class IdentityRecorded(TenantScoped):
     # grace a worker has to list an attempt that may still be on its way to it.
     dispatched_at: datetime | None = None
     queued: bool = False  # routed to wait for KV room on its worker (batch tier): counts as queued work
+    ended_at: datetime | None = None  # when it ended (log time): its identity expires identity_ttl_s later
     plane: str | None = None
 
     @property
     def changelog_key(self) -> str:
-        return f"{self.plane or '-'}/{self.tenant_id}/g/{self.request_id}"
+        return identity_key(self.plane, self.tenant_id, self.request_id)
+
+
+def identity_key(plane: str | None, tenant_id: str, request_id: str) -> str:
+    return f"{plane or '-'}/{tenant_id}/g/{request_id}"
+
+
+def identity_of_key(key: str, plane: str | None) -> tuple[str, str] | None:
+    """(tenant id, request id) named by an identity key of `plane`; None for another plane's or a budget key.
+    Tenant ids are slugs (no "/"); a request id may hold any printable character, "/" included."""
+    prefix = f"{plane or '-'}/"
+    if not key.startswith(prefix):
+        return None
+    tenant_id, sep, rest = key[len(prefix):].partition("/")
+    if not sep or not rest.startswith("g/") or len(rest) == 2:
+        return None
+    return tenant_id, rest[2:]
 
 
 class TenantBudgetState(TenantScoped):

@@ -11,6 +11,7 @@ offsets. Nothing here touches Kafka, so every rule is testable in memory.
     ReleaseReservation ─▶ budget released
     lease check ─▶ Interrupted + budget released: worker silent for a lease, restarted, no longer listing the
                    attempt, or the attempt past max_attempt_s
+    identity check ─▶ tombstones for identities ended identity_ttl_s ago (the request id is then new)
 """
 from __future__ import annotations
 
@@ -34,23 +35,31 @@ from schemas.replies import AdmissionDecision
 from schemas.values import TenantLimits
 
 
+# Identities forgotten per partition per check: a backlog (a lowered TTL, a long outage) drains over a few
+# checks instead of one transaction of unbounded size.
+EXPIRY_BATCH = 1000
+
+
 @dataclass
 class Effects:
-    """Records to write atomically; `changelog` records go to the input partition of the changelog."""
+    """Records to write atomically; `changelog` records and `tombstones` (keys to null) go to the input partition
+    of the changelog."""
 
     generations: list[Envelope] = field(default_factory=list)
     dispatch: list[Envelope] = field(default_factory=list)
     replies: list[AdmissionDecision] = field(default_factory=list)
     changelog: list[IdentityRecorded | TenantBudgetState] = field(default_factory=list)
+    tombstones: list[str] = field(default_factory=list)
 
     def extend(self, other: "Effects") -> None:
         self.generations += other.generations
         self.dispatch += other.dispatch
         self.replies += other.replies
         self.changelog += other.changelog
+        self.tombstones += other.tombstones
 
     def __bool__(self) -> bool:
-        return bool(self.generations or self.dispatch or self.replies or self.changelog)
+        return bool(self.generations or self.dispatch or self.replies or self.changelog or self.tombstones)
 
 
 def new_generation_id() -> str:
@@ -110,7 +119,7 @@ class Decider:
         now_s = int(now.timestamp())
         if used_tokens is not None and gen.admitted_s is not None and gen.admitted_s in tenant.rate:
             tenant.rate[gen.admitted_s] -= max(0, gen.reserved_tokens - used_tokens)
-        ended = gen.model_copy(update={"status": "ended", "end_reason": reason})
+        ended = gen.model_copy(update={"status": "ended", "end_reason": reason, "ended_at": now})
         state.record(ended)
         self.registry.forget(gen.worker_id, gen.generation_id)
         return Effects(changelog=[ended, tenant.budget_record(now_s, self.plane)])
@@ -290,7 +299,7 @@ class Decider:
         """Interrupted(epoch) for every live attempt its worker no longer runs (leases.interruption names why).
         No new attempt."""
         effects = Effects()
-        for gen in list(state.live()):
+        for gen in list(state.live_generations()):
             reason = interruption(self.registry, gen, now, self.settings.max_attempt_s)
             if reason is None:
                 continue
@@ -301,3 +310,10 @@ class Decider:
             effects.dispatch.append(CancelAttempt(**scoped, worker_id=gen.worker_id, reason=cancel_reason))
             effects.extend(self._end(state, gen, "interrupted", now))
         return effects
+
+    # -- identity expiry ---------------------------------------------------------------
+    def expire_identities(self, state: PartitionState, now: datetime) -> Effects:
+        """Forget identities ended `identity_ttl_s` ago (never a live one) and tombstone their changelog keys,
+        so a rebuild forgets them too: after that the same request id is a new request."""
+        expired = state.expire(now, self.settings.identity_ttl_s, EXPIRY_BATCH)
+        return Effects(tombstones=[gen.changelog_key for gen in expired])

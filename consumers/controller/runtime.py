@@ -4,8 +4,8 @@
                               └▶ transactional producer "<group>-p<p>" (init fences any previous owner)
     batch of commands[p] ─▶ Decider ─▶ one transaction: lifecycle + dispatch + replies + changelog[p]
                                                        + consumed offsets of commands[p]
-    every lease_check_interval ─▶ Interrupted for attempts their workers lost (leases.py), per partition,
-                                  transactional
+    every lease_check_interval ─▶ Interrupted for attempts their workers lost (leases.py), and tombstones
+                                  for identities past identity_ttl_s, per partition, transactional
 
 State is mutated before the commit; if a transaction fails the process stops
 (rather than continue with state the log does not hold), and the next owner
@@ -127,6 +127,9 @@ class Controller:
             await consumer.seek_to_beginning(*tps)
             async for tp, records in read_to_end(consumer, tps):
                 for record in records:
+                    if record.value is None:  # a tombstone: that identity expired
+                        states[tp.partition].apply_tombstone(record.key.decode("utf-8", "replace"), self.group)
+                        continue
                     try:
                         item = decode(CONTROL_CHANGELOG, record.value)
                     except DecodeError as exc:
@@ -214,6 +217,9 @@ class Controller:
             futures.append(await send(DISPATCH, event))
         for record in effects.changelog:
             futures.append(await send(CONTROL_CHANGELOG, record, partition))
+        for key in effects.tombstones:
+            futures.append(await producer.send(CONTROL_CHANGELOG, value=None, key=key.encode("utf-8"),
+                                               partition=partition))
         for reply in effects.replies:
             futures.append(await send(REPLIES, reply))
         for letter in letters:
@@ -226,12 +232,15 @@ class Controller:
             now = utc_now()
             for p, state in list(self.states.items()):
                 effects = self.decider.expire_leases(state, now)
+                effects.extend(self.decider.expire_identities(state, now))
                 if not effects:
                     continue
                 producer = self.producers[p]
                 async with producer.transaction():
                     await self.write(producer, p, effects)
                 self.metrics.interrupted.inc(len(effects.generations))
+                if effects.tombstones:
+                    log.info("identities expired partition=%d count=%d", p, len(effects.tombstones))
                 for event in effects.generations:
                     log.warning("attempt interrupted generation=%s epoch=%s worker=%s reason=%s", event.generation_id,
                                 event.epoch, getattr(event, "worker_id", None), getattr(event, "reason", None))

@@ -1,23 +1,39 @@
 """The controller's state for the tenant partitions it owns, rebuilt from the changelog.
 
     PartitionState ── tenants: tenant id ─▶ TenantState
-                   └─ owners:  generation id ─▶ (tenant id, request id)
+                   ├─ owners:  generation id ─▶ (tenant id, request id)
+                   ├─ live:    generation id ─▶ (tenant id, request id)   active or canceling only
+                   └─ ending:  heap of (ended at, generation id)          identities due to expire
 
     TenantState ── generations: request id ─▶ IdentityRecorded (latest)
+                ├─ tokens_in_flight, concurrency, queued_tokens           counters over its live generations
                 └─ rate: unix second ─▶ tokens charged (the token-rate window)
 
-Tokens in flight and concurrency are derived from the live generations, so a
-rebuild from the changelog reproduces them exactly.
+Every change of a generation goes through `PartitionState.record`, which takes
+the old record's share out of the tenant's counters and adds the new one's, so
+a submit and a lease check cost O(1) per tenant and O(live) per partition, not
+a scan of every request id ever seen. The counters are a function of the
+records alone, so a rebuild from the changelog reproduces them exactly
+(`TenantState.recount` is the scan they must always equal).
 """
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 
-from schemas.changelog import IdentityRecorded, TenantBudgetState
+from schemas.changelog import IdentityRecorded, TenantBudgetState, identity_of_key
 
 RATE_WINDOW_S = 60
 LIVE = ("active", "canceling")
+
+
+@dataclass(frozen=True)
+class Budget:
+    tokens_in_flight: int
+    concurrency: int
+    queued_tokens: int
 
 
 @dataclass
@@ -25,21 +41,26 @@ class TenantState:
     tenant_id: str
     generations: dict[str, IdentityRecorded] = field(default_factory=dict)
     rate: dict[int, int] = field(default_factory=dict)
+    tokens_in_flight: int = 0
+    concurrency: int = 0
+    queued_tokens: int = 0
 
-    def live(self) -> Iterator[IdentityRecorded]:
-        return (g for g in self.generations.values() if g.status in LIVE)
+    def count(self, gen: IdentityRecorded, sign: int) -> None:
+        """Add (+1) or take out (-1) one record's share of the live budget."""
+        if gen.status not in LIVE:
+            return
+        self.tokens_in_flight += sign * gen.reserved_tokens
+        self.concurrency += sign
+        if gen.queued:
+            self.queued_tokens += sign * gen.reserved_tokens
 
-    @property
-    def tokens_in_flight(self) -> int:
-        return sum(g.reserved_tokens for g in self.live())
+    def budget(self) -> Budget:
+        return Budget(self.tokens_in_flight, self.concurrency, self.queued_tokens)
 
-    @property
-    def queued_tokens(self) -> int:
-        return sum(g.reserved_tokens for g in self.live() if g.queued)
-
-    @property
-    def concurrency(self) -> int:
-        return sum(1 for _ in self.live())
+    def recount(self) -> Budget:
+        """The counters recomputed by scanning every record (for checks; the counters are what runs)."""
+        live = [g for g in self.generations.values() if g.status in LIVE]
+        return Budget(sum(g.reserved_tokens for g in live), len(live), sum(g.reserved_tokens for g in live if g.queued))
 
     def tokens_in_window(self, now_s: int) -> int:
         self.trim_rate(now_s)
@@ -71,6 +92,15 @@ class TenantState:
                                  rate_buckets=tuple(sorted(self.rate.items())))
 
 
+def ended_second(gen: IdentityRecorded) -> float:
+    """When an ended generation ended; a record from before `ended_at` was kept falls back to its dispatch or
+    admission time (earlier than its end: such a record expires early, never late)."""
+    when = gen.ended_at or gen.dispatched_at
+    if when is not None:
+        return when.timestamp()
+    return float(gen.admitted_s or 0)
+
+
 @dataclass
 class PartitionState:
     """All tenants of one `llm.commands` partition."""
@@ -78,6 +108,8 @@ class PartitionState:
     partition: int
     tenants: dict[str, TenantState] = field(default_factory=dict)
     owners: dict[str, tuple[str, str]] = field(default_factory=dict)
+    live: dict[str, tuple[str, str]] = field(default_factory=dict)
+    ending: list[tuple[float, str]] = field(default_factory=list)
 
     def tenant(self, tenant_id: str) -> TenantState:
         if tenant_id not in self.tenants:
@@ -85,8 +117,51 @@ class PartitionState:
         return self.tenants[tenant_id]
 
     def record(self, generation: IdentityRecorded) -> None:
-        self.tenant(generation.tenant_id).generations[generation.request_id] = generation
-        self.owners[generation.generation_id] = (generation.tenant_id, generation.request_id)
+        tenant = self.tenant(generation.tenant_id)
+        old = tenant.generations.get(generation.request_id)
+        if old is not None:
+            tenant.count(old, -1)
+            if old.generation_id != generation.generation_id:
+                self.owners.pop(old.generation_id, None)
+                self.live.pop(old.generation_id, None)
+        tenant.generations[generation.request_id] = generation
+        tenant.count(generation, +1)
+        where = (generation.tenant_id, generation.request_id)
+        self.owners[generation.generation_id] = where
+        if generation.status in LIVE:
+            self.live[generation.generation_id] = where
+        else:
+            self.live.pop(generation.generation_id, None)
+            heapq.heappush(self.ending, (ended_second(generation), generation.generation_id))
+
+    def forget(self, tenant_id: str, request_id: str) -> IdentityRecorded | None:
+        """Drop one identity (its TTL passed, or a tombstone in the changelog says so)."""
+        tenant = self.tenants.get(tenant_id)
+        gen = tenant.generations.pop(request_id, None) if tenant is not None else None
+        if gen is None:
+            return None
+        tenant.count(gen, -1)
+        self.owners.pop(gen.generation_id, None)
+        self.live.pop(gen.generation_id, None)
+        if not tenant.generations and not tenant.rate:
+            del self.tenants[tenant_id]
+        return gen
+
+    def expire(self, now: datetime, ttl_s: float, limit: int) -> list[IdentityRecorded]:
+        """Forget at most `limit` ended generations whose end is `ttl_s` or more before `now`, oldest first.
+        A live generation is never in the heap's due part; an entry whose record changed since is skipped."""
+        due = now.timestamp() - ttl_s
+        expired: list[IdentityRecorded] = []
+        while self.ending and self.ending[0][0] <= due and len(expired) < limit:
+            ended_s, generation_id = heapq.heappop(self.ending)
+            where = self.owners.get(generation_id)
+            if where is None:
+                continue
+            gen = self.tenants[where[0]].generations[where[1]]
+            if gen.status in LIVE or ended_second(gen) != ended_s:
+                continue
+            expired.append(self.forget(*where))
+        return expired
 
     def find(self, tenant_id: str, generation_id: str) -> IdentityRecorded | None:
         """The generation if it belongs to this tenant; another tenant's id is as unknown as a made-up one."""
@@ -95,12 +170,18 @@ class PartitionState:
             return None
         return self.tenants[owner[0]].generations[owner[1]]
 
-    def live(self) -> Iterator[IdentityRecorded]:
-        for tenant in self.tenants.values():
-            yield from tenant.live()
+    def live_generations(self) -> Iterator[IdentityRecorded]:
+        for tenant_id, request_id in list(self.live.values()):
+            yield self.tenants[tenant_id].generations[request_id]
 
     def apply_changelog(self, record: IdentityRecorded | TenantBudgetState) -> None:
         if isinstance(record, IdentityRecorded):
             self.record(record)
         else:
             self.tenant(record.tenant_id).rate = dict(record.rate_buckets)
+
+    def apply_tombstone(self, key: str, plane: str | None) -> None:
+        """A null value in the changelog: the identity under `key` expired (another plane's key: ignored)."""
+        identity = identity_of_key(key, plane)
+        if identity is not None:
+            self.forget(*identity)

@@ -31,6 +31,7 @@ from ledgerlm.telemetry.metrics import GatewayMetrics, exposition
 from ledgerlm.telemetry.server import Readiness
 from producers.gateway import errors, openai_api, openapi_doc
 from producers.gateway.admission import AdmissionClient
+from producers.gateway.auth import Authenticator, presented_key
 from producers.gateway.bridge import StreamBridge
 from producers.gateway.database import GatewayDatabase, Principal
 from producers.gateway.errors import ApiError
@@ -38,6 +39,7 @@ from producers.gateway.middleware import BodyLimit, ResponseMetrics
 from producers.gateway.presence import Presence
 from producers.gateway.prompts import ModelCatalog
 from producers.gateway.requests import GenerationRequest
+from producers.gateway.slots import STREAMS, WAITING, TenantSlots, holding
 from producers.gateway.stalls import GatewayApp
 from producers.gateway.status import TERMINAL, read_status
 from producers.gateway.streams import (
@@ -64,6 +66,8 @@ class Gateway:
     metrics: GatewayMetrics
     board: WorkerBoard
     workers_follower: Follower
+    auth: Authenticator
+    slots: TenantSlots
     presence: Presence = field(default_factory=Presence)
     deliveries: set = field(default_factory=set)  # the open streams' queues (BoundedDelivery): what they hold
 
@@ -77,11 +81,20 @@ class Gateway:
             if isinstance(event, WorkerHeartbeat):
                 board.observe(event)
 
+        db = GatewayDatabase(database_url, settings.gateway_db_pool_size)
+        slots = TenantSlots({STREAMS: settings.gateway_max_streams_per_tenant,
+                             WAITING: settings.gateway_max_waiting_per_tenant}, settings.retry_after_ms)
         return cls(settings, AdmissionClient(kafka, settings.controller_group, latency=metrics.admission_latency),
-                   StreamBridge(kafka), GatewayDatabase(database_url), catalog,
+                   StreamBridge(kafka), db, catalog,
                    Follower(kafka, [MODELS], lambda _topic, event: catalog.observe(event),
                             client_id="gateway-models"), metrics, board=board,
-                   workers_follower=Follower(kafka, [WORKERS], on_worker, client_id="gateway-workers"))
+                   workers_follower=Follower(kafka, [WORKERS], on_worker, client_id="gateway-workers"),
+                   auth=Authenticator(db, settings), slots=slots)
+
+    async def principal(self, request: Request) -> Principal:
+        """The caller's tenant from its API key (401, or 429 for an address failing too often)."""
+        return await self.auth.principal(presented_key(request.headers),
+                                         request.client.host if request.client else None)
 
     async def start(self) -> None:
         await self.db.start()
@@ -148,13 +161,7 @@ def create_app(settings: Settings, kafka: Kafka, database_url: str) -> FastAPI:
     app.add_middleware(ResponseMetrics, metrics=gateway.metrics)
     timeout_s = settings.admission_timeout_ms / 1000
 
-    async def principal_of(request: Request) -> Principal:
-        header = request.headers.get("authorization", "")
-        key = header[7:].strip() if header.lower().startswith("bearer ") else request.headers.get("x-api-key")
-        principal = await gateway.db.authenticate(key)
-        if principal is None:
-            raise ApiError(401, "unauthorized", "a valid API key is required (Authorization: Bearer <key>)")
-        return principal
+    principal_of = gateway.principal
 
     def event_stream(generation_id: str, first: dict, source, after: int, status_code: int = 200):
         """SSE of `source` behind this connection's bounded queue (see streams.py)."""
@@ -205,6 +212,13 @@ def create_app(settings: Settings, kafka: Kafka, database_url: str) -> FastAPI:
     async def create_generation(body: GenerationRequest, request: Request, wait: bool = False):
         principal = await principal_of(request)
         started = time.perf_counter()
+        if body.stream or wait:
+            slot = gateway.slots.acquire(principal.tenant_id, STREAMS if body.stream else WAITING)
+            return await holding(slot, answer_generation(body, principal, wait, started))
+        return await answer_generation(body, principal, wait, started)
+
+    async def answer_generation(body: GenerationRequest, principal: Principal, wait: bool, started: float):
+        """Admit `body` and answer: the generation, its stream, or (`wait`) its end."""
         prompt = await asyncio.to_thread(gateway.catalog.render, body, principal.max_tokens_per_request)
         decision = await submit_generation(gateway, principal, body, prompt, started)
         # The concrete version that runs: an alias was resolved (and pinned for retries) by the controller.
@@ -250,6 +264,10 @@ def create_app(settings: Settings, kafka: Kafka, database_url: str) -> FastAPI:
         if status is None:
             raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
         cursor = parse_cursor(request.headers.get("last-event-id"), after)
+        return await holding(gateway.slots.acquire(principal.tenant_id, STREAMS),
+                             open_events(generation_id, status, cursor))
+
+    async def open_events(generation_id: str, status: dict, cursor: int):
         source = await open_source(gateway.bridge, gateway.db, generation_id, status, cursor)
         if source is None:  # the client holds the final event; 204 also stops an EventSource reconnecting
             return Response(status_code=204)
@@ -260,26 +278,30 @@ def create_app(settings: Settings, kafka: Kafka, database_url: str) -> FastAPI:
                                 api_key: str | None = None):
         """The events stream as WebSocket JSON messages; `?after=SEQ` resumes; key by header or `?api_key=`."""
         await websocket.accept()
-        header = websocket.headers.get("authorization", "")
-        principal = await gateway.db.authenticate(header[7:].strip() if header.lower().startswith("bearer ")
-                                                  else api_key)
+        slot = None
         try:
-            if principal is None:
-                raise ApiError(401, "unauthorized", "a valid API key is required (Authorization or ?api_key=)")
+            principal = await gateway.auth.principal(presented_key(websocket.headers, api_key),
+                                                     websocket.client.host if websocket.client else None)
             status = await read_status(gateway.db, gateway.bridge, principal.tenant_id, generation_id)
             if status is None:
                 raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
             cursor = parse_cursor(None, after)
+            slot = gateway.slots.acquire(principal.tenant_id, STREAMS)
             source = await open_source(gateway.bridge, gateway.db, generation_id, status, cursor)
         except ApiError as error:
+            if slot is not None:
+                slot.release()
             await close_with_error(websocket, error)
             return
-        if source is None:
-            await websocket.close(1000, "end")
-            return
-        delivery = BoundedDelivery(source, gateway.settings.stream_queue_events, cursor, generation_id,
-                                   gateway.presence, gateway.deliveries)
-        await serve_websocket(websocket, status, delivery)
+        try:
+            if source is None:
+                await websocket.close(1000, "end")
+                return
+            delivery = BoundedDelivery(source, gateway.settings.stream_queue_events, cursor, generation_id,
+                                       gateway.presence, gateway.deliveries)
+            await serve_websocket(websocket, status, delivery)
+        finally:
+            slot.release()
 
     @app.get("/v1/usage")
     async def usage(request: Request, start: datetime | None = Query(None, alias="from"),
@@ -307,7 +329,12 @@ def create_app(settings: Settings, kafka: Kafka, database_url: str) -> FastAPI:
             raise ApiError(503, "controller_unavailable", "no cancel decision in time",
                            {"generationId": generation_id}, settings.retry_after_ms)
         if decision.http_status == 404:
-            raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
+            # The controller forgets an identity identity_ttl_s after its end; the projection still knows it.
+            ended = await read_status(gateway.db, gateway.bridge, principal.tenant_id, generation_id)
+            if ended is None or ended["status"] not in TERMINAL:
+                raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
+            return JSONResponse({"id": generation_id, "status": ended["status"], "endReason": ended["endReason"],
+                                 "requestId": ended["requestId"]}, status_code=200)
         status, end_reason = decision.status, None
         if decision.http_status == 200:  # already ended: the controller reports how
             end_reason = decision.status

@@ -1,16 +1,21 @@
-"""The gateway's reads from Postgres: API keys -> tenant (cached briefly) and generation status rows."""
+"""The gateway's reads from Postgres: API key hash -> tenant, generation status rows, the resume buffer.
+
+Reads share a small pool of connections (`gateway_db_pool_size`), so one slow
+read (a flood of unknown keys, a large resume buffer) never queues every other
+tenant's reads behind it on one connection. Caching of key lookups is
+`producers.gateway.auth`'s business.
+"""
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
 
 import psycopg
+import psycopg_pool
+from psycopg_pool import AsyncConnectionPool
 
-from producers.api_keys import could_be_key, hash_api_key
 from schemas.stream import TokenLogprob
 
-AUTH_CACHE_S = 5.0
+APPLICATION_NAME = "ledgerlm-gateway"
 
 
 @dataclass(frozen=True)
@@ -60,20 +65,19 @@ STATUS_COLUMNS = ("generation_id", "tenant_id", "request_id", "model_version", "
 
 
 class GatewayDatabase:
-    """One connection, used by one coroutine at a time; auth answers are cached for a few seconds."""
+    """A pool of at most `pool_size` autocommit connections; each query borrows one for its duration."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, pool_size: int = 4, timeout_s: float = 10.0) -> None:
         self.url = url
-        self.conn: psycopg.AsyncConnection | None = None
-        self.lock = asyncio.Lock()
-        self._auth: dict[str, tuple[float, Principal | None]] = {}
+        self.pool = AsyncConnectionPool(url, min_size=1, max_size=pool_size, open=False, timeout=timeout_s,
+                                        kwargs={"autocommit": True, "application_name": APPLICATION_NAME},
+                                        name="gateway-reads")
 
     async def start(self) -> None:
-        self.conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+        await self.pool.open(wait=True, timeout=self.pool.timeout)
 
     async def stop(self) -> None:
-        if self.conn is not None:
-            await self.conn.close()
+        await self.pool.close()
 
     async def ping(self) -> bool:
         """The database answers `SELECT 1` (reconnecting once); False on any database error."""
@@ -83,37 +87,34 @@ class GatewayDatabase:
             return False
 
     async def _rows(self, sql: str, params: tuple) -> list[tuple]:
-        """Every query goes through here: a connection lost to a Postgres restart (or a dropped database) is
-        replaced, once per query, and a closed one is replaced before the next query, so the gateway
-        recovers when the database is back instead of failing every request on the dead connection."""
-        async with self.lock:
-            if self.conn is None or self.conn.closed:
-                await self.start()
-            try:
-                cur = await self.conn.execute(sql, params)
-            except psycopg.OperationalError:
-                await self.start()
-                cur = await self.conn.execute(sql, params)
+        """Every query goes through here. A connection lost to a Postgres restart (or a dropped database) is
+        discarded by the pool when it comes back broken; the query then has the pool check its idle
+        connections (dropping the dead ones) and runs once more, so the gateway recovers when the database
+        is back instead of failing requests on dead connections."""
+        try:
+            return await self._run(sql, params)
+        except psycopg_pool.PoolTimeout:
+            raise
+        except psycopg.OperationalError:
+            await self.pool.check()
+            return await self._run(sql, params)
+
+    async def _run(self, sql: str, params: tuple) -> list[tuple]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql, params)
             return await cur.fetchall()
 
     async def _fetchone(self, sql: str, params: tuple):
         rows = await self._rows(sql, params)
         return rows[0] if rows else None
 
-    async def authenticate(self, presented: str | None) -> Principal | None:
-        if not could_be_key(presented):
-            return None
-        key_hash = hash_api_key(presented)
-        cached = self._auth.get(key_hash)
-        if cached is not None and time.monotonic() - cached[0] < AUTH_CACHE_S:
-            return cached[1]
+    async def principal_of_key(self, key_hash: str) -> Principal | None:
+        """The tenant whose live API key has this hash (no cache)."""
         rows = await self._rows(
             "SELECT t.tenant_id, t.max_tokens_in_flight, t.tokens_per_minute FROM api_keys k "
             "JOIN tenants t USING (tenant_id) WHERE k.key_hash = %s AND k.revoked_at IS NULL LIMIT 2", (key_hash,))
         # A hash two tenants claim is ambiguous: it authenticates nobody (as producers.api_keys.authenticate).
-        principal = Principal(rows[0][0], int(rows[0][1]), int(rows[0][2])) if len(rows) == 1 else None
-        self._auth[key_hash] = (time.monotonic(), principal)
-        return principal
+        return Principal(rows[0][0], int(rows[0][1]), int(rows[0][2])) if len(rows) == 1 else None
 
     async def tenant_usage(self, tenant_id: str, start, end):
         from projections.queries import TENANT_USAGE_SQL, summarize

@@ -41,6 +41,7 @@ from producers.gateway.openai_requests import (
 )
 from producers.gateway.prompts import EffectivePrompt
 from producers.gateway.requests import GenerationRequest
+from producers.gateway.slots import STREAMS, WAITING, holding
 from producers.gateway.status import TERMINAL, read_status
 from producers.gateway.streams import ClosingStreamingResponse
 from producers.gateway.submit import submit_generation
@@ -113,12 +114,7 @@ class OpenAIApi:
         self.gateway = gateway
 
     async def principal_of(self, request: Request) -> Principal:
-        header = request.headers.get("authorization", "")
-        key = header[7:].strip() if header.lower().startswith("bearer ") else request.headers.get("x-api-key")
-        principal = await self.gateway.db.authenticate(key)
-        if principal is None:
-            raise ApiError(401, "unauthorized", "a valid API key is required (Authorization: Bearer <key>)")
-        return principal
+        return await self.gateway.principal(request)
 
     def model_card(self, name: str) -> dict:
         target = self.gateway.catalog.target(name)
@@ -154,6 +150,11 @@ class OpenAIApi:
         if len(request_id) > 256 or not set(request_id) <= REQUEST_ID_CHARS:
             raise ApiError(400, "invalid_request", "Idempotency-Key: 1-256 printable ASCII characters, no spaces",
                            {"field": "requestId"})
+        # Streamed or not, the call holds the connection until the generation ends: one slot of its tenant's.
+        slot = self.gateway.slots.acquire(principal.tenant_id, STREAMS if body.stream else WAITING)
+        return await holding(slot, self.admit_and_answer(principal, body, request_id, started))
+
+    async def admit_and_answer(self, principal: Principal, body: OpenAIRequest, request_id: str, started: float):
         try:
             native, prompt, texts = await asyncio.to_thread(render, self.gateway, body, request_id, principal)
         except ValidationError as exc:

@@ -19,19 +19,20 @@ from producers.gateway.openai_requests import ChatCompletionRequest, CompletionR
 from producers.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest
 
 ADMISSION = ("400", "401", "404", "409", "413", "429", "503", "504")
-# (method, path) -> error statuses besides the documented successes.
+# (method, path) -> error statuses besides the documented successes. Every route with a key may answer 429
+# auth_rate_limited (producers/gateway/auth.py); streams also 429 too_many_streams (slots.py).
 RESPONSES: dict[tuple[str, str], tuple[str, ...]] = {
     ("post", "/v1/generations"): ADMISSION,
-    ("get", "/v1/generations/{generation_id}"): ("401", "404"),
-    ("get", "/v1/generations/{generation_id}/events"): ("400", "401", "404", "410"),
-    ("post", "/v1/generations/{generation_id}/cancel"): ("401", "404", "503"),
-    ("get", "/v1/usage"): ("400", "401"),
+    ("get", "/v1/generations/{generation_id}"): ("401", "404", "429"),
+    ("get", "/v1/generations/{generation_id}/events"): ("400", "401", "404", "410", "429"),
+    ("post", "/v1/generations/{generation_id}/cancel"): ("401", "404", "429", "503"),
+    ("get", "/v1/usage"): ("400", "401", "429"),
     ("get", "/readyz"): ("503",),
     ("get", "/health"): ("503",),
-    ("post", "/tokenize"): ("400", "401", "404", "413", "503"),
-    ("post", "/detokenize"): ("400", "401", "404", "413", "503"),
-    ("get", "/v1/models"): ("401",),
-    ("get", "/v1/models/{name}"): ("401", "404"),
+    ("post", "/tokenize"): ("400", "401", "404", "413", "429", "503"),
+    ("post", "/detokenize"): ("400", "401", "404", "413", "429", "503"),
+    ("get", "/v1/models"): ("401", "429"),
+    ("get", "/v1/models/{name}"): ("401", "404", "429"),
     ("post", "/v1/completions"): ADMISSION,
     ("post", "/v1/chat/completions"): ADMISSION,
 }

@@ -320,13 +320,19 @@ async def sse_body(first: dict, delivery: BoundedDelivery) -> AsyncIterator[byte
 class ClosingStreamingResponse(StreamingResponse):
     """A streaming response that closes its body however it ends (a hang-up, an aborted connection), so
     the body's `finally` blocks (queue release, presence detach) run now rather than whenever the
-    collector reaches a generator kept alive by a traceback."""
+    collector reaches a generator kept alive by a traceback. `on_close` (a tenant's stream slot) runs last."""
+
+    on_close = None
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self.body_iterator.aclose()
+            try:
+                await self.body_iterator.aclose()
+            finally:
+                if self.on_close is not None:
+                    self.on_close()
 
 
 # WebSocket close codes (4000 + the HTTP status where one applies; 4008 as RFC 6455's 1008 policy violation).
