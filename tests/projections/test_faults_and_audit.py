@@ -224,14 +224,14 @@ async def test_an_event_the_database_refuses_is_skipped_and_reported(emit, boots
     refused = []
 
     async def reject(tp, offset, event, reason, key=None):
-        refused.append((event.type, reason.split(":")[0], offset >= 0))
+        refused.append((event.type, reason.split(":")[0], reason.endswith("[SQLSTATE 22003]"), offset >= 0, key))
 
     projector = Projector(bootstrap, scratch_database_url, [LifecycleProjection()], reject=reject)
     try:
         stats = await projector.catch_up()
     finally:
         projector.close()
-    assert refused == [("Admitted", "NumericValueOutOfRange", True)]
+    assert refused == [("Admitted", "NumericValueOutOfRange", True, True, gen.generation_id.encode())]
     assert stats.refused == {"generations": 1}
     with psycopg.connect(scratch_database_url) as conn:
         assert one(conn, WATERMARK, gen.generation_id) == (5, 1)
