@@ -15,6 +15,7 @@ mid-batch from showing up as a difference; how far live is behind the end of the
 """
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -93,9 +94,9 @@ async def audit_replay(bootstrap: str, database_url: str, settings: Settings, *,
                 start_from_checkpoint(database_url, comparer, offsets)
             else:
                 runner.upgrade(database_url, schema=shadow)
-            lag = await live_lag(bootstrap, offsets, projections)
             replay_began = time.perf_counter()
-            stats = await replay(bootstrap, database_url, shadow, projections, offsets, progress)
+            lag, stats = await asyncio.gather(live_lag(bootstrap, offsets, projections),
+                                              replay(bootstrap, database_url, shadow, projections, offsets, progress))
             replay_seconds = time.perf_counter() - replay_began
             with connect(database_url) as conn:
                 pin_session(conn)
@@ -134,7 +135,7 @@ def start_from_checkpoint(database_url: str, comparer: Comparer,
         pin_session(conn)
         if not checkpoint.exists(conn):
             raise checkpoint.CheckpointUnusable("no checkpoint yet; run a full `audit replay` first")
-        checkpoint.verify(conn, comparer.hashes(conn, checkpoint.SCHEMA))
+        checkpoint.verify(conn, comparer.tables)
         rows = conn.execute(f'SELECT projection, topic, partition, next_offset FROM "{checkpoint.SCHEMA}".'
                             "projection_offsets").fetchall()
     ahead = [f"{name} {topic}[{partition}]" for name, topic, partition, at in rows
