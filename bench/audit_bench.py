@@ -14,6 +14,7 @@ import time
 import uuid
 
 from bench.audit_traffic import write_traffic
+from consumers.kafka.clients import Kafka
 from bench.projector_bench import ScratchDatabase
 from ledgerlm.settings import Settings
 from projections.audit import audit_replay
@@ -24,8 +25,8 @@ TARGET_RECORDS_PER_S = 20000
 TARGET_INCREMENTAL_SHARE = 0.15
 
 
-async def project_live(bootstrap: str, url: str, settings: Settings) -> dict:
-    projector = Projector(bootstrap, url, all_projections(settings))
+async def project_live(kafka: Kafka, url: str, settings: Settings) -> dict:
+    projector = Projector(kafka, url, all_projections(settings))
     began = time.perf_counter()
     try:
         stats = await projector.catch_up()
@@ -37,28 +38,28 @@ async def project_live(bootstrap: str, url: str, settings: Settings) -> dict:
             "refused": stats.refused}
 
 
-async def timed_audit(bootstrap: str, url: str, settings: Settings, since_checkpoint: bool) -> dict:
+async def timed_audit(kafka: Kafka, url: str, settings: Settings, since_checkpoint: bool) -> dict:
     progress = io.StringIO()
-    report = await audit_replay(bootstrap, url, settings, since_checkpoint=since_checkpoint, progress=progress)
+    report = await audit_replay(kafka, url, settings, since_checkpoint=since_checkpoint, progress=progress)
     summary = report.as_dict()
     summary.pop("tables")
     summary["progress_lines"] = len(progress.getvalue().splitlines())
     return summary
 
 
-async def run_bench(bootstrap: str, database_url: str, generations: int, tokens: int) -> dict:
+async def run_bench(kafka: Kafka, database_url: str, generations: int, tokens: int) -> dict:
     settings = Settings()
     tenant = f"bench-audit-{uuid.uuid4().hex[:6]}"
     with ScratchDatabase(database_url) as url:
         began = time.perf_counter()
-        written = await write_traffic(bootstrap, generations, tokens, tenant)
+        written = await write_traffic(kafka, generations, tokens, tenant)
         write_s = time.perf_counter() - began
-        live = await project_live(bootstrap, url, settings)
-        full = await timed_audit(bootstrap, url, settings, since_checkpoint=False)
+        live = await project_live(kafka, url, settings)
+        full = await timed_audit(kafka, url, settings, since_checkpoint=False)
         more = max(1, generations // 10)
-        written_more = await write_traffic(bootstrap, more, tokens, tenant)
-        live_more = await project_live(bootstrap, url, settings)
-        incremental = await timed_audit(bootstrap, url, settings, since_checkpoint=True)
+        written_more = await write_traffic(kafka, more, tokens, tenant)
+        live_more = await project_live(kafka, url, settings)
+        incremental = await timed_audit(kafka, url, settings, since_checkpoint=True)
     share = incremental["total_seconds"] / full["total_seconds"]
     return {
         "machine": "2-core CPU shared with other work, local Kafka 4 (1 broker) + PostgreSQL 15",
@@ -74,5 +75,5 @@ async def run_bench(bootstrap: str, database_url: str, generations: int, tokens:
     }
 
 
-def main(bootstrap: str, database_url: str, generations: int, tokens: int) -> dict:
-    return asyncio.run(run_bench(bootstrap, database_url, generations, tokens))
+def main(kafka: Kafka, database_url: str, generations: int, tokens: int) -> dict:
+    return asyncio.run(run_bench(kafka, database_url, generations, tokens))

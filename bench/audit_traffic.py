@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaProducer
 
-from consumers.kafka.clients import make_producer
+from consumers.kafka.clients import Kafka, make_producer
 from consumers.kafka.follower import partition_for
 from schemas.codec import encode, record_headers, record_key
 from schemas.lifecycle import Admitted, AttemptStarted, Completed, UsageReported
@@ -83,9 +83,9 @@ def generation_events(tenant: str, tokens: int, clock: datetime) -> tuple[list, 
     return life, stream
 
 
-async def write_traffic(bootstrap: str, generations: int, tokens: int, tenant: str) -> int:
+async def write_traffic(kafka: Kafka, generations: int, tokens: int, tenant: str) -> int:
     """Write `generations` generations' events; the number of records written."""
-    producer = make_producer(bootstrap, client_id="bench-audit-worker")
+    producer = make_producer(kafka, client_id="bench-audit-worker")
     await producer.start()
     try:
         partitions = {topic: len(await producer.partitions_for(topic)) for topic in (GENERATIONS, TOKENS)}

@@ -25,7 +25,7 @@ from typing import TextIO
 import psycopg
 from aiokafka import TopicPartition
 
-from consumers.kafka.clients import make_consumer, partitions_of
+from consumers.kafka.clients import Kafka, make_consumer, partitions_of
 from ledgerlm.settings import Settings
 from migrations import runner
 from projections import audit_checkpoint as checkpoint
@@ -68,7 +68,7 @@ class AuditReport:
                            if d.live_only_count or d.shadow_only_count}}
 
 
-async def audit_replay(bootstrap: str, database_url: str, settings: Settings, *, since_checkpoint: bool = False,
+async def audit_replay(kafka: Kafka, database_url: str, settings: Settings, *, since_checkpoint: bool = False,
                        progress: TextIO | None = None) -> AuditReport:
     """Raises `audit_checkpoint.CheckpointUnusable` for --since-checkpoint without a usable checkpoint."""
     began = time.perf_counter()
@@ -95,8 +95,8 @@ async def audit_replay(bootstrap: str, database_url: str, settings: Settings, *,
             else:
                 runner.upgrade(database_url, schema=shadow)
             replay_began = time.perf_counter()
-            lag, stats = await asyncio.gather(live_lag(bootstrap, offsets, projections),
-                                              replay(bootstrap, database_url, shadow, projections, offsets, progress))
+            lag, stats = await asyncio.gather(live_lag(kafka, offsets, projections),
+                                              replay(kafka, database_url, shadow, projections, offsets, progress))
             replay_seconds = time.perf_counter() - replay_began
             with connect(database_url) as conn:
                 pin_session(conn)
@@ -145,11 +145,11 @@ def start_from_checkpoint(database_url: str, comparer: Comparer,
                                             "(rebuilt?); run a full `audit replay`")
 
 
-async def replay(bootstrap: str, database_url: str, shadow: str, projections: list,
+async def replay(kafka: Kafka, database_url: str, shadow: str, projections: list,
                  offsets: dict[tuple[str, TopicPartition], int], progress: TextIO | None):
     """Every projection in one projector, as live runs them, from the shadow's offsets up to live's."""
     targets = {tp: off for (_, tp), off in offsets.items()}
-    projector = Projector(bootstrap, database_url, projections, schema=shadow, max_records=10000)
+    projector = Projector(kafka, database_url, projections, schema=shadow, max_records=10000)
     reporter = ReplayProgress(progress, {p.topic: p.name for p in projections}, targets)
     try:
         return await projector.catch_up(targets, on_progress=reporter) if targets else projector.stats
@@ -157,8 +157,8 @@ async def replay(bootstrap: str, database_url: str, shadow: str, projections: li
         projector.close()
 
 
-async def live_lag(bootstrap: str, offsets: dict[tuple[str, TopicPartition], int], projections) -> dict[str, int]:
-    consumer = make_consumer(bootstrap)
+async def live_lag(kafka: Kafka, offsets: dict[tuple[str, TopicPartition], int], projections) -> dict[str, int]:
+    consumer = make_consumer(kafka)
     await consumer.start()
     try:
         lag: dict[str, int] = {}

@@ -5,7 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ledgerlm.cli.endpoints import database_url, kafka_bootstrap
+from ledgerlm.cli.endpoints import database_url, kafka_access
 from ledgerlm.settings import Settings
 
 
@@ -21,7 +21,7 @@ def run_audit_bench(args: argparse.Namespace) -> int:
     from bench.audit_bench import main
 
     settings = Settings()
-    report = main(kafka_bootstrap(settings), database_url(settings), args.generations, args.tokens)
+    report = main(kafka_access(settings), database_url(settings), args.generations, args.tokens)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({"full_records_per_s": report["full_replay"]["records_per_s"],
