@@ -1,22 +1,26 @@
-"""`ledgerlm audit replay`: rebuild every projection from offset 0 and diff it with the live one.
+"""`ledgerlm audit replay [--since-checkpoint]`: replay the log into a shadow schema and compare it with live.
 
-    1. REPEATABLE READ snapshot of live: copy every projected table and the
-       stored offsets into schema audit_<id>_live (one consistent instant).
-    2. Migrate schema audit_<id>_shadow and replay each projection from
-       offset 0 up to exactly the offsets live had stored in that snapshot.
-    3. Finish log-time trimming of resume buffers on both copies (the live
-       trimmer works in bounded batches and may not have reached them yet).
-    4. EXCEPT ALL both ways per table; any row on one side only is a difference.
-    5. Drop both schemas.
+    1. REPEATABLE READ snapshot of live, held to the end: its stored offsets and one hash per table.
+    2. Replay every projection into the shadow, all of them in one projector as live runs (one
+       transaction per poll, COPY), up to exactly the offsets live had stored in that snapshot:
+         full                from offset 0 into a new schema;
+         --since-checkpoint  from the checkpoint's offsets into the checkpoint (audit_checkpoint.py),
+                             so the audit costs what was appended since, not the whole history.
+    3. Hash the shadow's tables; only a table whose hash differs from live's is copied out of the
+       snapshot and compared row by row (audit_compare.py).
+    4. Keep the shadow as the next checkpoint; drop the copies.
 
-Replaying to the *live* offsets rather than the end of the log keeps a live
-projector that is mid-batch from showing up as a difference; how far live
-is behind the end of the log is reported as lag.
+Replaying to the *live* offsets rather than the end of the log keeps a live projector that is
+mid-batch from showing up as a difference; how far live is behind the end of the log is reported as lag.
 """
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TextIO
 
 import psycopg
 from aiokafka import TopicPartition
@@ -24,21 +28,14 @@ from aiokafka import TopicPartition
 from consumers.kafka.clients import Kafka, make_consumer, partitions_of
 from ledgerlm.settings import Settings
 from migrations import runner
+from projections import audit_checkpoint as checkpoint
+from projections.audit_compare import PER_PROJECTION, Comparer, TableDiff, TableHash, pin_session
+from projections.audit_progress import ReplayProgress
 from projections.registry import all_projections
 from projections.runtime import Projector, connect
 from projections.stream_buffer import StreamBufferProjection
 
-MAX_ROWS_SHOWN = 20
-# Tables shared by every projection (a `projection` column): only the audited projections' rows are compared.
-PER_PROJECTION = ("projection_offsets", "refused_events")
-
-
-@dataclass
-class TableDiff:
-    live_only: list[str] = field(default_factory=list)
-    shadow_only: list[str] = field(default_factory=list)
-    live_only_count: int = 0
-    shadow_only_count: int = 0
+AUDIT_LOCK = "ledgerlm-audit"  # one audit at a time: they share the checkpoint
 
 
 @dataclass
@@ -46,66 +43,118 @@ class AuditReport:
     replayed: dict[str, int]
     lag: dict[str, int]
     diffs: dict[str, TableDiff]
+    mode: str = "full"
+    seconds: dict[str, float] = field(default_factory=dict)  # per projection: time in its statements
+    rows_compared: dict[str, int] = field(default_factory=dict)  # per table: rows on the live side
+    tables_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    total_seconds: float = 0.0
+    replay_seconds: float = 0.0
 
     @property
     def differences(self) -> int:
         return sum(d.live_only_count + d.shadow_only_count for d in self.diffs.values())
 
     def as_dict(self) -> dict[str, object]:
-        return {"differences": self.differences, "replayed": self.replayed, "lag": self.lag,
+        replayed = sum(self.replayed.values())
+        return {"differences": self.differences, "mode": self.mode, "replayed": self.replayed, "lag": self.lag,
+                "projections": {name: {"records": self.replayed.get(name, 0),
+                                       "seconds": round(self.seconds.get(name, 0.0), 3),
+                                       "rows_compared": sum(self.rows_compared.get(t, 0) for t in tables)}
+                                for name, tables in self.tables_of.items()},
+                "rows_compared": self.rows_compared, "replay_seconds": round(self.replay_seconds, 3),
+                "total_seconds": round(self.total_seconds, 3),
+                "records_per_s": round(replayed / self.replay_seconds, 1) if self.replay_seconds else None,
                 "tables": {name: d.__dict__ for name, d in self.diffs.items()
                            if d.live_only_count or d.shadow_only_count}}
 
 
-async def audit_replay(kafka: Kafka, database_url: str, settings: Settings) -> AuditReport:
+async def audit_replay(kafka: Kafka, database_url: str, settings: Settings, *, since_checkpoint: bool = False,
+                       progress: TextIO | None = None) -> AuditReport:
+    """Raises `audit_checkpoint.CheckpointUnusable` for --since-checkpoint without a usable checkpoint."""
+    began = time.perf_counter()
     projections = all_projections(settings)
+    names = [p.name for p in projections]
     # refused_events too: a replay refuses the same events for the same reasons, so it must match as well.
     tables = [t for p in projections for t in p.tables()] + list(PER_PROJECTION)
+    buffers = [p for p in projections if isinstance(p, StreamBufferProjection)]
+    comparer = Comparer(tables, names, buffers[0].keep_after_end if buffers else None)
     tag = uuid.uuid4().hex[:10]
-    live, shadow = f"audit_{tag}_live", f"audit_{tag}_shadow"
-    try:
-        offsets = snapshot_live(database_url, live, tables, [p.name for p in projections])
-        runner.upgrade(database_url, schema=shadow)
-        lag = await live_lag(kafka, offsets, projections)
-        replayed: dict[str, int] = {}
-        for projection in projections:
-            targets = {tp: off for (name, tp), off in offsets.items() if name == projection.name}
-            projector = Projector(kafka, database_url, [projection], schema=shadow)
-            try:
-                stats = await projector.catch_up(targets) if targets else None
-            finally:
-                projector.close()
-            replayed[projection.name] = stats.applied.get(projection.name, 0) if stats else 0
-        buffers = [p for p in projections if isinstance(p, StreamBufferProjection)]
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            for schema in (live, shadow):
-                finish_trimming(database_url, schema, buffers)
-            diffs = {table: diff_table(conn, live, shadow, table) for table in tables}
-        return AuditReport(replayed=replayed, lag=lag, diffs=diffs)
-    finally:
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{live}" CASCADE')
-            conn.execute(f'DROP SCHEMA IF EXISTS "{shadow}" CASCADE')
+    shadow = checkpoint.SCHEMA if since_checkpoint else f"audit_{tag}_shadow"
+    copies = f"audit_{tag}_live"
+    with psycopg.connect(database_url) as snap:
+        try:
+            if not snap.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (AUDIT_LOCK,)).fetchone()[0]:
+                raise checkpoint.CheckpointUnusable("another audit is running")
+            snap.commit()
+            snap.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            pin_session(snap)
+            offsets = live_offsets(snap, names)
+            live_hashes = comparer.hashes(snap, "public")
+            if since_checkpoint:
+                start_from_checkpoint(database_url, comparer, offsets)
+            else:
+                runner.upgrade(database_url, schema=shadow)
+            replay_began = time.perf_counter()
+            lag, stats = await asyncio.gather(live_lag(kafka, offsets, projections),
+                                              replay(kafka, database_url, shadow, projections, offsets, progress))
+            replay_seconds = time.perf_counter() - replay_began
+            with connect(database_url) as conn:
+                pin_session(conn)
+                shadow_hashes = comparer.hashes(conn, shadow)
+            differing = [t for t in tables if live_hashes[t] != shadow_hashes[t]]
+            comparer.copy(snap, "public", copies, differing)
+            snap.commit()
+            with connect(database_url) as conn:
+                pin_session(conn)
+                diffs = {t: comparer.diff(conn, copies, shadow, t) if t in differing else TableDiff() for t in tables}
+                checkpoint.store(conn, shadow, shadow_hashes)
+        finally:
+            snap.rollback()
+            snap.autocommit = True
+            snap.execute(f'DROP SCHEMA IF EXISTS "{copies}" CASCADE')
+            if shadow != checkpoint.SCHEMA:
+                snap.execute(f'DROP SCHEMA IF EXISTS "{shadow}" CASCADE')
+    return AuditReport(replayed={n: stats.applied.get(n, 0) for n in names}, lag=lag, diffs=diffs,
+                       mode="since-checkpoint" if since_checkpoint else "full", seconds=stats.seconds,
+                       rows_compared={t: h.rows for t, h in live_hashes.items()},
+                       tables_of={p.name: p.tables() for p in projections},
+                       total_seconds=time.perf_counter() - began, replay_seconds=replay_seconds)
 
 
-def snapshot_live(database_url: str, copy_schema: str, tables: list[str],
-                  projections: list[str]) -> dict[tuple[str, TopicPartition], int]:
-    """Copy the live tables at one instant; return each projection's stored offsets at that instant.
-
-    Only the offsets of the projections being audited are copied and compared: another
-    consumer that keeps its position in the same table is none of this audit's business.
-    """
-    with psycopg.connect(database_url) as conn:
-        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-        with conn.transaction():
-            conn.execute(f'CREATE SCHEMA "{copy_schema}"')
-            for table in tables:
-                where = " WHERE projection = ANY(%s)" if table in PER_PROJECTION else ""
-                conn.execute(f'CREATE TABLE "{copy_schema}".{table} AS SELECT * FROM public.{table}{where}',
-                             (projections,) if where else None)
-            rows = conn.execute("SELECT projection, topic, partition, next_offset FROM public.projection_offsets "
-                                "WHERE projection = ANY(%s)", (projections,)).fetchall()
+def live_offsets(conn: psycopg.Connection, projections: list[str]) -> dict[tuple[str, TopicPartition], int]:
+    """Each audited projection's stored offsets, read in the snapshot (another consumer's are not ours)."""
+    rows = conn.execute("SELECT projection, topic, partition, next_offset FROM public.projection_offsets "
+                        "WHERE projection = ANY(%s)", (projections,)).fetchall()
     return {(name, TopicPartition(topic, partition)): offset for name, topic, partition, offset in rows}
+
+
+def start_from_checkpoint(database_url: str, comparer: Comparer,
+                          offsets: dict[tuple[str, TopicPartition], int]) -> None:
+    """Check the checkpoint is usable: present, unchanged, and not ahead of live anywhere."""
+    with connect(database_url) as conn:
+        pin_session(conn)
+        if not checkpoint.exists(conn):
+            raise checkpoint.CheckpointUnusable("no checkpoint yet; run a full `audit replay` first")
+        checkpoint.verify(conn, comparer.tables)
+        rows = conn.execute(f'SELECT projection, topic, partition, next_offset FROM "{checkpoint.SCHEMA}".'
+                            "projection_offsets").fetchall()
+    ahead = [f"{name} {topic}[{partition}]" for name, topic, partition, at in rows
+             if at > offsets.get((name, TopicPartition(topic, partition)), 0)]
+    if ahead:
+        raise checkpoint.CheckpointUnusable(f"live is behind the checkpoint at {', '.join(sorted(ahead))} "
+                                            "(rebuilt?); run a full `audit replay`")
+
+
+async def replay(kafka: Kafka, database_url: str, shadow: str, projections: list,
+                 offsets: dict[tuple[str, TopicPartition], int], progress: TextIO | None):
+    """Every projection in one projector, as live runs them, from the shadow's offsets up to live's."""
+    targets = {tp: off for (_, tp), off in offsets.items()}
+    projector = Projector(kafka, database_url, projections, schema=shadow, max_records=10000)
+    reporter = ReplayProgress(progress, {p.topic: p.name for p in projections}, targets)
+    try:
+        return await projector.catch_up(targets, on_progress=reporter) if targets else projector.stats
+    finally:
+        projector.close()
 
 
 async def live_lag(kafka: Kafka, offsets: dict[tuple[str, TopicPartition], int], projections) -> dict[str, int]:
@@ -120,22 +169,3 @@ async def live_lag(kafka: Kafka, offsets: dict[tuple[str, TopicPartition], int],
         return lag
     finally:
         await consumer.stop()
-
-
-def finish_trimming(database_url: str, schema: str, buffers: list[StreamBufferProjection]) -> None:
-    with connect(database_url, schema) as conn:
-        for buffer in buffers:
-            while buffer.trim_ended(conn, 1000):
-                pass
-        conn.commit()
-
-
-def diff_table(conn: psycopg.Connection, live: str, shadow: str, table: str) -> TableDiff:
-    diff = TableDiff()
-    for side, (a, b) in (("live_only", (live, shadow)), ("shadow_only", (shadow, live))):
-        query = f'SELECT * FROM "{a}".{table} EXCEPT ALL SELECT * FROM "{b}".{table}'
-        count = conn.execute(f"SELECT count(*) FROM ({query}) d").fetchone()[0]
-        rows = conn.execute(f"SELECT d::text FROM ({query}) d ORDER BY 1 LIMIT {MAX_ROWS_SHOWN}").fetchall()
-        setattr(diff, f"{side}_count", count)
-        setattr(diff, side, [r[0] for r in rows])
-    return diff

@@ -34,7 +34,7 @@ from ledgerlm.telemetry.metrics import ProjectorMetrics
 from ledgerlm.telemetry.server import Readiness
 from projections.base import Projection
 from projections.offsets import StaleOffset, advance, load_offsets
-from projections.refused import store_refused
+from projections.refused import apply_refusing, store_refused
 from schemas.codec import DecodeError, decode
 from schemas.envelope import Envelope
 
@@ -57,6 +57,7 @@ class Batch:
     next_offset: int
     events: list[Envelope] = field(default_factory=list)
     offsets: dict[int, int] = field(default_factory=dict)  # id(event) -> its record's offset
+    keys: dict[int, bytes | None] = field(default_factory=dict)  # id(event) -> its record's key
 
 
 @dataclass
@@ -65,6 +66,7 @@ class ProjectorStats:
     dead_lettered: dict[str, int] = field(default_factory=dict)
     refused: dict[str, int] = field(default_factory=dict)
     stale_refusals: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)  # time in each projection's statements
     lag: dict[str, int] = field(default_factory=dict)
 
 
@@ -88,7 +90,7 @@ class Projector:
                  crash_after_batches: int | None = None,
                  on_commit: Callable[[str, list[Envelope]], None] | None = None,
                  metrics_path: Path | None = None,
-                 reject: Callable[[TopicPartition, int, Envelope, str], Awaitable[None]] | None = None,
+                 reject: Callable[[TopicPartition, int, Envelope, str, bytes | None], Awaitable[None]] | None = None,
                  ready_lag: int = 1000) -> None:
         self.kafka = kafka
         self.by_topic = {p.topic: p for p in projections}
@@ -148,6 +150,7 @@ class Projector:
                 else:
                     item.events.append(event)
                     item.offsets[id(event)] = record.offset
+                    item.keys[id(event)] = record.key
             items.append(item)
         try:
             refused_by_item = await asyncio.to_thread(self._commit_batches, items)
@@ -172,7 +175,7 @@ class Projector:
         if self.reject is None:
             return
         try:
-            await self.reject(item.tp, item.offsets[id(event)], event, reason)
+            await self.reject(item.tp, item.offsets[id(event)], event, reason, item.keys.get(id(event)))
         except Exception as exc:
             log.error("refused event not dead-lettered, kept in refused_events projection=%s topic=%s partition=%d "
                       "offset=%d error=%s", item.projection.name, item.tp.topic, item.tp.partition,
@@ -216,33 +219,13 @@ class Projector:
             by_projection.setdefault(item.projection.name, []).append(item)
         for group in by_projection.values():
             events = [event for item in group for event in item.events]
-            for event, reason in self._apply(group[0].projection, events):
+            projection = group[0].projection
+            began = time.perf_counter()
+            for event, reason in apply_refusing(self.conn, projection, events):
                 refused_ids[id(event)] = reason
+            self.stats.seconds[projection.name] = self.stats.seconds.get(projection.name, 0.0) + (
+                time.perf_counter() - began)
         return [[(e, refused_ids[id(e)]) for e in item.events if id(e) in refused_ids] for item in items]
-
-    def _apply(self, projection: Projection, events: list[Envelope]) -> list[tuple[Envelope, str]]:
-        """The whole batch at once; if the database refuses it, event by event, each in a savepoint.
-
-        An event that breaks a constraint (a log the projection cannot accept) is skipped and
-        reported, instead of wedging the projection; a replay skips the same event.
-        """
-        try:
-            with self.conn.transaction():
-                projection.apply(self.conn, events)
-            return []
-        except (psycopg.errors.IntegrityError, psycopg.errors.DataError):
-            pass
-        refused = []
-        for event in events:
-            try:
-                with self.conn.transaction():
-                    projection.apply(self.conn, [event])
-            except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
-                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-                log.error("projection refused event projection=%s type=%s event_id=%s error=%s",
-                          projection.name, event.type, event.event_id, type(exc).__name__)
-                refused.append((event, reason))
-        return refused
 
     def _maybe_crash(self) -> None:
         """Fault injection: die after the rows are written and before the commit."""
@@ -301,8 +284,11 @@ class Projector:
             write_lag_metric(self.metrics_path, lag)
         return True
 
-    async def catch_up(self, targets: dict[TopicPartition, int] | None = None) -> ProjectorStats:
-        """Apply every assigned partition from its stored offset up to `targets` (default: the end now)."""
+    async def catch_up(self, targets: dict[TopicPartition, int] | None = None,
+                       on_progress: Callable[[dict[TopicPartition, int]], None] | None = None) -> ProjectorStats:
+        """Apply every assigned partition from its stored offset up to `targets` (default: the end now).
+
+        `on_progress` is told each partition's position once at the start and after every poll."""
         consumer = make_consumer(self.kafka, client_id="ledgerlm-projector-catch-up")
         await consumer.start()
         try:
@@ -310,7 +296,10 @@ class Projector:
             consumer.assign(partitions)
             await self._seek_stored(consumer, partitions)
             targets = targets or await consumer.end_offsets(partitions)
-            pending = {tp for tp in partitions if await consumer.position(tp) < targets[tp]}
+            positions = {tp: await consumer.position(tp) for tp in partitions}
+            pending = {tp for tp in partitions if positions[tp] < targets[tp]}
+            if on_progress is not None:
+                on_progress(positions)
             while pending:
                 batches = await consumer.getmany(*pending, timeout_ms=500, max_records=self.max_records)
                 batches = {tp: kept for tp, records in batches.items()
@@ -318,7 +307,10 @@ class Projector:
                 if batches:
                     await self._apply_polled(consumer, batches)
                 # Positions, not offsets: transaction markers leave gaps a record never fills.
-                pending = {tp for tp in pending if await consumer.position(tp) < targets[tp]}
+                positions.update({tp: await consumer.position(tp) for tp in pending})
+                pending = {tp for tp in pending if positions[tp] < targets[tp]}
+                if on_progress is not None:
+                    on_progress(positions)
         finally:
             await consumer.stop()
         self.stats.lag = {}

@@ -20,6 +20,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from projections.billing import lock_generations, refresh_unbilled_tail
+from projections.stream_text import encode_text
 from schemas.envelope import Envelope
 from schemas.stream import StreamFinished, TokensEmitted
 from schemas.topics import TOKENS
@@ -85,11 +86,11 @@ class StreamBufferProjection:
         elif e.epoch < p.epoch:
             return  # a stale attempt's event: never part of the stream
         if isinstance(e, TokensEmitted):
-            p.rows.append((e.generation_id, e.epoch, e.seq, list(e.token_ids), e.text_delta, False, None, None,
-                           e.occurred_at, e.choice, e.choice_end, logprobs_json(e)))
+            p.rows.append((e.generation_id, e.epoch, e.seq, list(e.token_ids), encode_text(e.text_delta), False,
+                           None, None, e.occurred_at, e.choice, e.choice_end, logprobs_json(e)))
             p.token_count = max(p.token_count, e.token_count)
         else:
-            p.rows.append((e.generation_id, e.epoch, e.seq, [], "", True, e.reason,
+            p.rows.append((e.generation_id, e.epoch, e.seq, [], b"", True, e.reason,
                            Jsonb(e.usage.model_dump()), e.occurred_at, 0, None, None))
             p.end_reason, p.ended_at = e.reason, e.occurred_at
         p.last_seq = max(p.last_seq, e.seq)

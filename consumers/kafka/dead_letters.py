@@ -45,11 +45,13 @@ class DeadLetterRouter:
                         len(record.value or b""))
             return None
 
-    async def refused_by_projection(self, tp: TopicPartition, offset: int, event: Envelope, reason: str) -> None:
-        """A well-formed event a projection could not accept (a constraint of the read model).
+    async def refused_by_projection(self, tp: TopicPartition, offset: int, event: Envelope, reason: str,
+                                    key: bytes | None = None) -> None:
+        """A well-formed event a projection could not accept (a constraint of the read model), with its record's key.
 
         Its signature is the projector's `reject` callback, so a router can be handed over as is."""
-        letter = DeadLetter(source_topic=tp.topic, partition=tp.partition, offset=offset, key_b64=None,
+        letter = DeadLetter(source_topic=tp.topic, partition=tp.partition, offset=offset,
+                            key_b64=base64.b64encode(key).decode() if key is not None else None,
                             error_class="ProjectionRefused", reason=reason,
                             payload_b64=base64.b64encode(event.model_dump_json().encode()).decode())
         await publish(self.producer, DLQ, letter)

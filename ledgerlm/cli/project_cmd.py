@@ -1,4 +1,4 @@
-"""`ledgerlm project [--only NAME ...] [--once] [--json]` and `ledgerlm audit replay [--json]`."""
+"""`ledgerlm project [--only NAME ...] [--once] [--json]` and `ledgerlm audit replay [--since-checkpoint] [--json]`."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import signal
+import sys
 
 from ledgerlm.cli.endpoints import database_url, kafka_access
 from ledgerlm.cli.errors import CliError
@@ -23,7 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     audit = subparsers.add_parser("audit", help="audit the projections against the log").add_subparsers(
         dest="action", required=True)
     replay = audit.add_parser("replay", help="rebuild every projection from offset 0 in a shadow schema and diff")
-    replay.add_argument("--json", action="store_true")
+    replay.add_argument("--json", action="store_true", help="print the summary as JSON (progress stays on stderr)")
+    replay.add_argument("--since-checkpoint", action="store_true",
+                        help="replay only what was appended since the last audit's checkpoint")
+    replay.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     replay.set_defaults(handler=run_audit)
 
 
@@ -80,13 +84,20 @@ def run_project(args: argparse.Namespace) -> int:
 
 def run_audit(args: argparse.Namespace) -> int:
     from projections.audit import audit_replay
+    from projections.audit_checkpoint import CheckpointUnusable
 
     settings = Settings()
-    report = asyncio.run(audit_replay(kafka_access(settings), database_url(settings), settings))
+    try:
+        report = asyncio.run(audit_replay(kafka_access(settings), database_url(settings), settings,
+                                          since_checkpoint=args.since_checkpoint,
+                                          progress=None if args.quiet else sys.stderr))
+    except CheckpointUnusable as exc:
+        raise CliError(f"audit: {exc}") from None
     if args.json:
         print(json.dumps(report.as_dict()))
     else:
-        print(f"replayed: {report.replayed}; live lag behind the log end: {report.lag}")
+        print(f"replayed ({report.mode}): {report.replayed} in {report.replay_seconds:.1f} s; "
+              f"live lag behind the log end: {report.lag}")
         for table, diff in report.as_dict()["tables"].items():
             print(f"{table}: {diff['live_only_count']} row(s) only live, {diff['shadow_only_count']} only in replay")
             for row in diff["live_only"]:

@@ -13,6 +13,7 @@ import psycopg
 import psycopg_pool
 from psycopg_pool import AsyncConnectionPool
 
+from projections.stream_text import decode_text
 from schemas.stream import TokenLogprob
 
 APPLICATION_NAME = "ledgerlm-gateway"
@@ -56,6 +57,12 @@ class StreamProgress:
     oldest_seq: int  # the first seq still retained (last_seq + 1 once an ended buffer is dropped)
     token_count: int
     end_reason: str | None
+
+
+def buffered(row: tuple) -> BufferedEvent:
+    """A resume-buffer row (seq, token ids, text bytes, count, choice, choice end, logprobs) as an event."""
+    seq, token_ids, text, *rest = row
+    return BufferedEvent(seq, token_ids, decode_text(text), *rest)
 
 
 STATUS_COLUMNS = ("generation_id", "tenant_id", "request_id", "model_version", "status", "tier", "current_epoch",
@@ -138,7 +145,7 @@ class GatewayDatabase:
             "SELECT seq, token_ids, text_delta, 0, choice, choice_end, logprobs FROM stream_events "
             "WHERE generation_id = %s AND epoch = %s AND NOT is_final AND seq > %s ORDER BY seq",
             (generation_id, epoch, after_seq))
-        return [BufferedEvent(*row) for row in rows]
+        return [buffered(row) for row in rows]
 
     async def stream_rows(self, generation_id: str, epoch: int, after_seq: int) -> list[BufferedEvent]:
         """The resume buffer after a seq, with the token count so far of each event, read in one snapshot."""
@@ -149,7 +156,7 @@ class GatewayDatabase:
             "FROM stream_events e JOIN stream_progress p ON p.generation_id = e.generation_id "
             "AND p.epoch = e.epoch WHERE e.generation_id = %s AND e.epoch = %s AND e.seq > %s "
             "AND NOT e.is_final ORDER BY e.seq", (generation_id, epoch, after_seq))
-        return [BufferedEvent(*row) for row in rows]
+        return [buffered(row) for row in rows]
 
     async def stream_progress(self, generation_id: str) -> StreamProgress | None:
         """What the resume buffer holds of a generation's newest epoch (None: nothing projected yet)."""

@@ -325,3 +325,47 @@ async def test_an_interactive_generation_nobody_watches_is_canceled_after_the_gr
     reason, streamed, cancel_requested = outcomes["interactive"]
     assert (reason, cancel_requested) == ("canceled", True) and streamed < 480
     assert outcomes["batch"] == ("output-limit", 480, False)
+
+
+async def test_a_stream_of_nul_and_control_characters_resumes_through_the_buffer_byte_for_byte(
+        gateway, tenants, bootstrap, database_url, producer):
+    """Deltas PostgreSQL text cannot hold, served by a gateway that did not see the stream (a restart): both
+    the first read and the resume come from the resume buffer, and every seq arrives once, byte for byte."""
+    import uuid
+
+    from consumers.kafka.clients import publish
+    from schemas.topics import GENERATIONS, TOKENS
+    from tests.projections.conftest import Gen
+    from tests.projections.test_any_token_text import DELTAS, weird_stream
+
+    tenant = tenants["main"]
+    gen = Gen(tenant_id=tenant.tenant_id, generation_id=f"gen-{uuid.uuid4().hex[:12]}")
+    n = len(DELTAS)
+    for event in (gen.admitted(max_output_tokens=n), gen.started()):
+        await publish(producer, GENERATIONS, event)
+    for event in weird_stream(gen):
+        await publish(producer, TOKENS, event)
+    await publish(producer, GENERATIONS, gen.completed(n))
+    await publish(producer, TOKENS, gen.finished(n + 1, reason="output-limit", output=n))
+    projector = Projector(bootstrap, database_url, all_projections(Settings()))
+    try:
+        stats = await projector.catch_up()
+    finally:
+        projector.close()
+    assert stats.refused.get("stream", 0) == 0
+    bridge = gateway.gateway.bridge
+    await wait_until(lambda: (v := bridge.view(gen.generation_id)) and v.final, 30, what="the bridge's final")
+    del bridge.views[gen.generation_id]
+
+    path = f"/v1/generations/{gen.generation_id}/events"
+    cut = AsgiClient(gateway._transport.app, path, tenant.headers, hang_up_after_tokens=4)
+    first = tokens_of(await cut.run())
+    assert cut.hung_up.is_set() and len(first) >= 4
+    # The buffer goes out in one write: the connection drops inside it, after the fourth event's bytes.
+    held = first[:4]
+    resumed = parse_sse_ids((await gateway.get(path, headers={**tenant.headers, "Last-Event-ID": "4"})).content)
+    tokens = held + tokens_of(resumed)
+    assert [(event_id, data["seq"]) for event_id, data in tokens] == [(s, s) for s in range(1, n + 1)]
+    assert [data["textDelta"] for _, data in tokens] == list(DELTAS)
+    assert [data["tokenCount"] for _, data in tokens] == list(range(1, n + 1))
+    assert resumed[-1][1] == "final" and resumed[-1][0] == n + 1

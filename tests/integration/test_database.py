@@ -28,7 +28,7 @@ def test_upgrade_downgrade_upgrade(scratch_database):
     runner.upgrade(scratch_database)
     assert tables(scratch_database) == TABLES
     with psycopg.connect(scratch_database) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0004",)
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0005",)
 
 
 def test_migration_into_a_named_schema_leaves_public_alone(scratch_database):
@@ -88,3 +88,19 @@ def test_stale_offset_rolls_back_the_rows_of_its_transaction(database_url):
                 conn.execute("INSERT INTO tenants VALUES (%s, %s, 1, 1, 1, 1, 1, now())", (tenant, tenant))
                 advance(conn, projection, "llm.tenants", 0, 3, 5)
         assert conn.execute("SELECT count(*) FROM tenants WHERE tenant_id = %s", (tenant,)).fetchone() == (0,)
+
+
+def test_0005_keeps_buffered_text_as_its_utf8_bytes_and_back(scratch_database):
+    runner.upgrade(scratch_database, "0004")
+    row = ("INSERT INTO stream_events (generation_id, epoch, seq, token_ids, text_delta, occurred_at) "
+           "VALUES (%s, 1, 1, '{1}', %s, now())")
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        conn.execute(row, ("g-1", "caf\u00e9 \U0001f30a"))
+    runner.upgrade(scratch_database)
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        assert conn.execute("SELECT text_delta FROM stream_events").fetchone() == ("caf\u00e9 \U0001f30a".encode(),)
+        conn.execute(row, ("g-2", b"a\x00b"))  # what text could not hold: dropped on the way down
+    runner.downgrade(scratch_database, "0004")
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        assert conn.execute("SELECT generation_id, text_delta FROM stream_events").fetchall() == [
+            ("g-1", "caf\u00e9 \U0001f30a")]
