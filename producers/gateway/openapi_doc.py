@@ -22,8 +22,9 @@ ADMISSION = ("400", "401", "404", "409", "413", "429", "503", "504")
 # (method, path) -> error statuses besides the documented successes.
 RESPONSES: dict[tuple[str, str], tuple[str, ...]] = {
     ("post", "/v1/generations"): ADMISSION,
-    ("get", "/v1/generations/{generation_id}"): ("401", "404"),
-    ("get", "/v1/generations/{generation_id}/events"): ("400", "401", "404", "410"),
+    # 503 generation_unavailable: the caller's own id, not readable in read_your_writes_wait_s (lookup.py)
+    ("get", "/v1/generations/{generation_id}"): ("401", "404", "503"),
+    ("get", "/v1/generations/{generation_id}/events"): ("400", "401", "404", "410", "503"),
     ("post", "/v1/generations/{generation_id}/cancel"): ("401", "404", "503"),
     ("get", "/v1/usage"): ("400", "401"),
     ("get", "/readyz"): ("503",),
