@@ -213,18 +213,22 @@ class StreamBridge:
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(0.5)
-            now = self.clock()
-            for gen_id, view in list(self.views.items()):
-                if view.terminal_at is None or not self.caught_up:
-                    continue
-                if view.final is None and now - view.terminal_at > FINAL_GRACE_S:
-                    self._end_without_worker(view)
-                    if view.final is None:
-                        name = type(view.terminal).__name__
-                        self._finish_without_worker(view, REASON_OF_TERMINAL.get(name, "completed"), "final")
-                    view.notify()
-                elif now - view.terminal_at > KEEP_ENDED_S:
-                    del self.views[gen_id]
+            self.sweep_once()
+
+    def sweep_once(self) -> None:
+        """Write the final events no worker will write (after a grace, once caught up); drop long-ended views."""
+        now = self.clock()
+        for gen_id, view in list(self.views.items()):
+            if view.terminal_at is None or not self.caught_up:
+                continue
+            if view.final is None and now - view.terminal_at > FINAL_GRACE_S:
+                self._end_without_worker(view)
+                if view.final is None:
+                    name = type(view.terminal).__name__
+                    self._finish_without_worker(view, REASON_OF_TERMINAL.get(name, "completed"), "final")
+                view.notify()
+            elif now - view.terminal_at > KEEP_ENDED_S:
+                del self.views[gen_id]
 
     async def follow(self, generation_id: str, timeout_s: float = 600.0, after_seq: int = 0):
         """Yield ("token", TokensEmitted) in seq order after `after_seq`, then ("final", FinalEvent);
