@@ -163,6 +163,10 @@ def create_app(settings: Settings, kafka: Kafka, database_url: str) -> FastAPI:
             raise ApiError(401, "unauthorized", "a valid API key is required (Authorization: Bearer <key>)")
         return principal
 
+    async def lookup(principal: Principal, generation_id: str) -> dict:
+        """The caller's generation on any gateway, however far the projections lag (lookup.py); 404 / 503."""
+        return await find_generation(gateway.db, gateway.bridge, gateway.settings, principal.tenant_id, generation_id)
+
     def event_stream(generation_id: str, first: dict, source, after: int, status_code: int = 200):
         """SSE of `source` behind this connection's bounded queue (see streams.py)."""
         delivery = BoundedDelivery(source, gateway.settings.stream_queue_events, after, generation_id,
@@ -244,13 +248,13 @@ def create_app(settings: Settings, kafka: Kafka, database_url: str) -> FastAPI:
     @app.get("/v1/generations/{generation_id}")
     async def get_generation(generation_id: str, request: Request):
         principal = await principal_of(request)
-        return await find_generation(gateway.db, gateway.bridge, settings, principal.tenant_id, generation_id)
+        return await lookup(principal, generation_id)
 
     @app.get("/v1/generations/{generation_id}/events")
     async def generation_events(generation_id: str, request: Request, after: str | None = None):
         """SSE; each event's `id` is its seq, so `Last-Event-ID` (or `?after=SEQ`) resumes after it."""
         principal = await principal_of(request)
-        status = await find_generation(gateway.db, gateway.bridge, settings, principal.tenant_id, generation_id)
+        status = await lookup(principal, generation_id)
         cursor = parse_cursor(request.headers.get("last-event-id"), after)
         source = await open_source(gateway.bridge, gateway.db, generation_id, status, cursor)
         if source is None:  # the client holds the final event; 204 also stops an EventSource reconnecting
@@ -268,7 +272,7 @@ def create_app(settings: Settings, kafka: Kafka, database_url: str) -> FastAPI:
         try:
             if principal is None:
                 raise ApiError(401, "unauthorized", "a valid API key is required (Authorization or ?api_key=)")
-            status = await find_generation(gateway.db, gateway.bridge, settings, principal.tenant_id, generation_id)
+            status = await lookup(principal, generation_id)
             cursor = parse_cursor(None, after)
             source = await open_source(gateway.bridge, gateway.db, generation_id, status, cursor)
         except ApiError as error:
