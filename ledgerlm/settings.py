@@ -118,6 +118,18 @@ class Settings(BaseSettings):
     stream_stall_timeout_s: float = Field(default=10.0, gt=0,
                                           description="a connection whose client takes no bytes for this long "
                                                       "while the server waits to write is aborted")
+    generation_id_secret: SecretStr = Field(
+        default=SecretStr("ledgerlm-local-generation-ids"),
+        description="HMAC key of the tenant tag in generation ids (schemas/generation_ids.py): the controller and "
+                    "every gateway must share it; set your own in production")
+    read_your_writes_wait_s: float = Field(default=10.0, gt=0,
+                                           description="how long a gateway waits for a generation the caller's "
+                                                       "id proves it owns to reach its bridge or the projection "
+                                                       "before answering 503 (never 404)")
+    bridge_replay_max_s: float = Field(default=3600.0, gt=0,
+                                       description="a starting gateway's bridge replays llm.generations and "
+                                                   "llm.tokens from the projections' offsets, but from no "
+                                                   "further back than this much log time")
 
     # -- telemetry: /metrics, /healthz, /readyz of the Kafka roles (0 = an ephemeral port, logged) --
     metrics_host: str = "127.0.0.1"

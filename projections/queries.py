@@ -56,3 +56,8 @@ def summarize(tenant_id: str, start: datetime, end: datetime, rows: list[tuple])
 def tenant_usage(conn: psycopg.Connection, tenant_id: str, start: datetime, end: datetime) -> UsageSummary:
     """Sealed (billed) usage of one tenant in hourly buckets (sync form; the gateway runs the same SQL async)."""
     return summarize(tenant_id, start, end, conn.execute(TENANT_USAGE_SQL, (tenant_id, start, end)).fetchall())
+
+
+# Parameter: a list of topics. Per (topic, partition), the offset every projection of it has applied up to.
+PROJECTED_OFFSETS_SQL = ("SELECT topic, partition, min(next_offset) FROM projection_offsets WHERE topic = ANY(%s) "
+                         "GROUP BY topic, partition")

@@ -29,6 +29,7 @@ from schemas.changelog import IdentityRecorded, TenantBudgetState
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
 from schemas.dispatch import CancelAttempt, StartAttempt
 from schemas.envelope import Envelope
+from schemas.generation_ids import mint_generation_id
 from schemas.lifecycle import Admitted, CancelRequested, Canceled, Interrupted, Rejected
 from schemas.model_book import ModelBook
 from schemas.replies import AdmissionDecision
@@ -60,10 +61,6 @@ class Effects:
 
     def __bool__(self) -> bool:
         return bool(self.generations or self.dispatch or self.replies or self.changelog or self.tombstones)
-
-
-def new_generation_id() -> str:
-    return f"gen_{uuid.uuid4().hex}"
 
 
 class Decider:
@@ -207,7 +204,7 @@ class Decider:
               reserved: int, version: str, worker_id: str, now: datetime, queued: bool = False) -> Effects:
         """Admit on `version`, the concrete version (an alias's draw): identity, Admitted and StartAttempt
         all record it, so status, billing and a retry see the version that runs."""
-        gen_id = new_generation_id()
+        gen_id = mint_generation_id(self.settings.generation_id_secret.get_secret_value(), cmd.tenant_id)
         now_s = int(now.timestamp())
         tenant.charge(now_s, reserved)
         record = IdentityRecorded(plane=self.plane, tenant_id=cmd.tenant_id, request_id=cmd.request_id,

@@ -3,13 +3,14 @@
 Registries (workers, models, tenants) are compacted topics small enough to
 hold in full: a follower reads them from the beginning, reports when it has
 reached the end offsets seen at start (`caught_up`), and keeps following.
-The stream bridge follows `llm.tokens` / `llm.generations` from the end.
+The stream bridge follows `llm.tokens` / `llm.generations` from positions it
+chooses per partition (where the projections stand), also reporting `caught_up`.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -22,6 +23,8 @@ from schemas.envelope import Envelope
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str, Envelope], None]
+# Where to start each partition: called once at start with the consumer and every assigned partition.
+StartPositions = Callable[[AIOKafkaConsumer, list[TopicPartition]], Awaitable[dict[TopicPartition, int]]]
 
 
 def partition_for(key: str, partitions: int) -> int:
@@ -31,7 +34,8 @@ def partition_for(key: str, partitions: int) -> int:
 
 class Follower:
     def __init__(self, kafka: Kafka, topics: list[str], handler: Handler,
-                 start: Literal["beginning", "end"] = "beginning", client_id: str = "ledgerlm-follower",
+                 start: Literal["beginning", "end"] | StartPositions = "beginning",
+                 client_id: str = "ledgerlm-follower",
                  after_batch: Callable[[], None] | None = None) -> None:
         self.topics = topics
         self.handler = handler
@@ -51,6 +55,11 @@ class Follower:
         if self.start_at == "beginning":
             await self.consumer.seek_to_beginning(*partitions)
             self._ends = await self.consumer.end_offsets(partitions)
+        elif callable(self.start_at):
+            positions = await self.start_at(self.consumer, partitions)
+            self._ends = await self.consumer.end_offsets(partitions)
+            for tp in partitions:
+                self.consumer.seek(tp, positions[tp])
         else:
             await self.consumer.seek_to_end(*partitions)
             for tp in partitions:  # resolve the lazy seek now, so nothing written after start() is missed

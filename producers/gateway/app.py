@@ -1,7 +1,8 @@
 """The gateway's HTTP API (FastAPI).
 
     POST /v1/generations               201 new | 200 existing | 400 | 401 | 404 model | 409 | 429 | 503
-    GET  /v1/generations/{id}          status (404 for unknown or another tenant's id)
+    GET  /v1/generations/{id}          status (404 for unknown or another tenant's id; the caller's own is found
+                                       on any gateway however far the projections lag: lookup.py)
     GET  /v1/generations/{id}/events   SSE stream of the generation; resumes after Last-Event-ID / ?after= (streams.py)
     POST /v1/generations/{id}/cancel   202 canceling | 200 already ended | 404
     GET  /healthz, /readyz, /metrics   alive | ready (Kafka clients running, database answers) | Prometheus text
@@ -35,8 +36,10 @@ from producers.gateway.auth import Authenticator, presented_key
 from producers.gateway.bridge import StreamBridge
 from producers.gateway.database import GatewayDatabase, Principal
 from producers.gateway.errors import ApiError
+from producers.gateway.lookup import find_generation
 from producers.gateway.middleware import BodyLimit, ResponseMetrics
 from producers.gateway.presence import Presence
+from producers.gateway.replay import replay_from
 from producers.gateway.prompts import ModelCatalog
 from producers.gateway.requests import GenerationRequest
 from producers.gateway.slots import STREAMS, WAITING, TenantSlots, holding
@@ -84,8 +87,9 @@ class Gateway:
         db = GatewayDatabase(database_url, settings.gateway_db_pool_size)
         slots = TenantSlots({STREAMS: settings.gateway_max_streams_per_tenant,
                              WAITING: settings.gateway_max_waiting_per_tenant}, settings.retry_after_ms)
+        bridge = StreamBridge(kafka, start=replay_from(db.projected_offsets, settings.bridge_replay_max_s))
         return cls(settings, AdmissionClient(kafka, settings.controller_group, latency=metrics.admission_latency),
-                   StreamBridge(kafka), db, catalog,
+                   bridge, db, catalog,
                    Follower(kafka, [MODELS], lambda _topic, event: catalog.observe(event),
                             client_id="gateway-models"), metrics, board=board,
                    workers_follower=Follower(kafka, [WORKERS], on_worker, client_id="gateway-workers"),
@@ -126,8 +130,10 @@ class Gateway:
                          decision.http_status if decision else "no-decision")
 
     async def readiness(self) -> Readiness:
-        """Ready: the admission client, stream bridge and model follower run and the database answers."""
+        """Ready: the admission client, stream bridge and model follower run, the bridge has replayed what the
+        projections lack (else a read of a generation admitted elsewhere would wait), and the database answers."""
         return Readiness({"admission": self.admission.running, "bridge": self.bridge.running,
+                          "bridge_caught_up": self.bridge.caught_up,
                           "models": self.models.caught_up.is_set() and not self._models_task.done(),
                           "database": await self.db.ping()})
 
@@ -162,6 +168,10 @@ def create_app(settings: Settings, kafka: Kafka, database_url: str) -> FastAPI:
     timeout_s = settings.admission_timeout_ms / 1000
 
     principal_of = gateway.principal
+
+    async def lookup(principal: Principal, generation_id: str) -> dict:
+        """The caller's generation on any gateway, however far the projections lag (lookup.py); 404 / 503."""
+        return await find_generation(gateway.db, gateway.bridge, gateway.settings, principal.tenant_id, generation_id)
 
     def event_stream(generation_id: str, first: dict, source, after: int, status_code: int = 200):
         """SSE of `source` behind this connection's bounded queue (see streams.py)."""
@@ -251,18 +261,13 @@ def create_app(settings: Settings, kafka: Kafka, database_url: str) -> FastAPI:
     @app.get("/v1/generations/{generation_id}")
     async def get_generation(generation_id: str, request: Request):
         principal = await principal_of(request)
-        status = await read_status(gateway.db, gateway.bridge, principal.tenant_id, generation_id)
-        if status is None:
-            raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
-        return status
+        return await lookup(principal, generation_id)
 
     @app.get("/v1/generations/{generation_id}/events")
     async def generation_events(generation_id: str, request: Request, after: str | None = None):
         """SSE; each event's `id` is its seq, so `Last-Event-ID` (or `?after=SEQ`) resumes after it."""
         principal = await principal_of(request)
-        status = await read_status(gateway.db, gateway.bridge, principal.tenant_id, generation_id)
-        if status is None:
-            raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
+        status = await lookup(principal, generation_id)
         cursor = parse_cursor(request.headers.get("last-event-id"), after)
         return await holding(gateway.slots.acquire(principal.tenant_id, STREAMS),
                              open_events(generation_id, status, cursor))
@@ -282,9 +287,7 @@ def create_app(settings: Settings, kafka: Kafka, database_url: str) -> FastAPI:
         try:
             principal = await gateway.auth.principal(presented_key(websocket.headers, api_key),
                                                      websocket.client.host if websocket.client else None)
-            status = await read_status(gateway.db, gateway.bridge, principal.tenant_id, generation_id)
-            if status is None:
-                raise ApiError(404, "not_found", "no such generation", {"generationId": generation_id})
+            status = await lookup(principal, generation_id)
             cursor = parse_cursor(None, after)
             slot = gateway.slots.acquire(principal.tenant_id, STREAMS)
             source = await open_source(gateway.bridge, gateway.db, generation_id, status, cursor)

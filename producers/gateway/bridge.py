@@ -1,7 +1,9 @@
 """Stream bridge: `llm.tokens` + `llm.generations` -> per-generation views that HTTP streams read.
 
-The bridge follows both topics from the end from its start, so every
-generation admitted while it runs is seen from its first event, even when
+The bridge follows both topics from where the projections in Postgres stand
+(`replay.py`; from the end when built without a start), so every generation
+the projections have not applied yet is in view once the bridge has caught up,
+and every one admitted while it runs is seen from its first event, even when
 tokens arrive before the admission reply reaches the HTTP call. A view keeps
 its events until some time after the end (readers that come later get the
 resume buffer from Postgres instead).
@@ -20,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from consumers.kafka.clients import Kafka
-from consumers.kafka.follower import Follower
+from consumers.kafka.follower import Follower, StartPositions
 from schemas.envelope import Envelope
 from schemas.lifecycle import (
     Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Failed, Interrupted, Rejected,
@@ -103,13 +105,20 @@ class GenerationView:
 
 
 class StreamBridge:
-    def __init__(self, kafka: Kafka, clock=time.monotonic) -> None:
+    def __init__(self, kafka: Kafka, clock=time.monotonic, start: StartPositions | None = None) -> None:
         self.views: dict[str, GenerationView] = {}
         self.clock = clock
-        self.follower = Follower(kafka, [TOKENS, GENERATIONS], self.on_event, start="end",
+        self.follower = Follower(kafka, [TOKENS, GENERATIONS], self.on_event, start=start or "end",
                                  client_id="gateway-bridge", after_batch=self.notify_changed)
         self._changed: set[str] = set()
         self._tasks: list[asyncio.Task] = []
+        self.advanced = asyncio.Event()  # replaced after every fetched batch: lookups waiting for a view wait on it
+
+    @property
+    def caught_up(self) -> bool:
+        """Read every record up to the log's end at start: from now on a view is missing only for ids whose
+        records are all projected (or not yet written)."""
+        return self.follower.caught_up.is_set()
 
     async def start(self) -> None:
         await self.follower.start()
@@ -173,19 +182,27 @@ class StreamBridge:
             if view is not None:
                 view.notify()
         self._changed.clear()
+        self.advanced.set()
+        self.advanced = asyncio.Event()
 
     def _on_terminal(self, view: GenerationView, event: Envelope) -> None:
         if view.terminal is not None:
             return
         view.terminal, view.terminal_at = event, self.clock()
         view.status = STATUS_OF_TERMINAL[type(event).__name__]
-        if isinstance(event, Interrupted):
-            view.dead_epochs.add(event.epoch)
-            self._finish_without_worker(view, "interrupted", "interrupted")
-        elif isinstance(event, Rejected):
-            self._finish_without_worker(view, "rejected", "final")
-        elif isinstance(event, (Completed, Canceled, Expired, Failed)):
+        if isinstance(event, (Completed, Canceled, Expired, Failed)):
             view.usage[view.current_epoch] = event.usage
+        elif self.caught_up:
+            self._end_without_worker(view)
+        # else replaying: llm.tokens may lag this topic, so the stream's last seq is not known yet (the sweep ends it)
+
+    def _end_without_worker(self, view: GenerationView) -> None:
+        """The final event of an interrupted or rejected generation, which no worker writes."""
+        if isinstance(view.terminal, Interrupted):
+            view.dead_epochs.add(view.terminal.epoch)
+            self._finish_without_worker(view, "interrupted", "interrupted")
+        elif isinstance(view.terminal, Rejected):
+            self._finish_without_worker(view, "rejected", "final")
 
     def _finish_without_worker(self, view: GenerationView, reason: str, label: str) -> None:
         if view.final is None:
@@ -196,16 +213,22 @@ class StreamBridge:
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(0.5)
-            now = self.clock()
-            for gen_id, view in list(self.views.items()):
-                if view.terminal_at is None:
-                    continue
-                if view.final is None and now - view.terminal_at > FINAL_GRACE_S:
+            self.sweep_once()
+
+    def sweep_once(self) -> None:
+        """Write the final events no worker will write (after a grace, once caught up); drop long-ended views."""
+        now = self.clock()
+        for gen_id, view in list(self.views.items()):
+            if view.terminal_at is None or not self.caught_up:
+                continue
+            if view.final is None and now - view.terminal_at > FINAL_GRACE_S:
+                self._end_without_worker(view)
+                if view.final is None:
                     name = type(view.terminal).__name__
                     self._finish_without_worker(view, REASON_OF_TERMINAL.get(name, "completed"), "final")
-                    view.notify()
-                elif now - view.terminal_at > KEEP_ENDED_S:
-                    del self.views[gen_id]
+                view.notify()
+            elif now - view.terminal_at > KEEP_ENDED_S:
+                del self.views[gen_id]
 
     async def follow(self, generation_id: str, timeout_s: float = 600.0, after_seq: int = 0):
         """Yield ("token", TokensEmitted) in seq order after `after_seq`, then ("final", FinalEvent);

@@ -134,6 +134,13 @@ class GatewayDatabase:
                                    (generation_id,))
         return dict(zip(STATUS_COLUMNS, row)) if row else None
 
+    async def projected_offsets(self, topics: list[str]) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> the next offset every projection of it still has to apply (none: nothing yet)."""
+        from projections.queries import PROJECTED_OFFSETS_SQL
+
+        return {(topic, partition): offset
+                for topic, partition, offset in await self._rows(PROJECTED_OFFSETS_SQL, (topics,))}
+
     async def knows_request(self, tenant_id: str, request_id: str) -> bool:
         """The tenant already has a generation under this request id (as far as the projection has seen)."""
         return await self._fetchone("SELECT 1 FROM generations WHERE tenant_id = %s AND request_id = %s LIMIT 1",

@@ -23,8 +23,9 @@ ADMISSION = ("400", "401", "404", "409", "413", "429", "503", "504")
 # auth_rate_limited (producers/gateway/auth.py); streams also 429 too_many_streams (slots.py).
 RESPONSES: dict[tuple[str, str], tuple[str, ...]] = {
     ("post", "/v1/generations"): ADMISSION,
-    ("get", "/v1/generations/{generation_id}"): ("401", "404", "429"),
-    ("get", "/v1/generations/{generation_id}/events"): ("400", "401", "404", "410", "429"),
+    # 503 generation_unavailable: the caller's own id, not readable in read_your_writes_wait_s (lookup.py)
+    ("get", "/v1/generations/{generation_id}"): ("401", "404", "429", "503"),
+    ("get", "/v1/generations/{generation_id}/events"): ("400", "401", "404", "410", "429", "503"),
     ("post", "/v1/generations/{generation_id}/cancel"): ("401", "404", "429", "503"),
     ("get", "/v1/usage"): ("400", "401", "429"),
     ("get", "/readyz"): ("503",),

@@ -177,6 +177,31 @@ class Process:
                 self.proc.wait()
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def start_gateway_process(env: dict[str, str], log: Path, port: int, timeout_s: float = 60) -> Process:
+    """`ledgerlm gateway --port PORT` as a process, returned once its /readyz answers 200."""
+    proc = Process(["gateway", "--port", str(port)], env, log).start()
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=5) as client:
+        while time.monotonic() < deadline:
+            assert proc.proc.poll() is None, log.read_text()[-3000:]
+            try:
+                if (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
+                    return proc
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.2)
+    proc.stop()
+    raise AssertionError(f"gateway not ready in {timeout_s}s:\n{log.read_text()[-3000:]}")
+
+
 @pytest.fixture(scope="session")
 async def controller(bootstrap, cp_env, cp_settings, tenants, versions, tmp_path_factory):
     await move_group_to_end(bootstrap, cp_settings.controller_group, "llm.commands")

@@ -8,13 +8,12 @@ and the worker behind it still serves afterwards.
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
 
 import httpx
 import pytest
 
-from tests.controlplane.conftest import Process, body
+from tests.controlplane.conftest import body, free_port, start_gateway_process
 
 MAX_EXAMPLES = 12  # per operation and mode: 12 operations x 2 modes, bounded well under a minute
 
@@ -52,29 +51,11 @@ def named_field(path: str, response) -> str | None:
     return {v: k for k, v in NATIVE_NAMES.items()}.get(native, native)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 async def gateway_url(cp_env, controller, worker, tmp_path_factory):
     port = free_port()
-    proc = Process(["gateway", "--port", str(port)], cp_env,
-                   tmp_path_factory.mktemp("fuzz-gateway") / "gateway.log").start()
+    proc = await start_gateway_process(cp_env, tmp_path_factory.mktemp("fuzz-gateway") / "gateway.log", port)
     url = f"http://127.0.0.1:{port}"
-    async with httpx.AsyncClient(timeout=5) as client:
-        for _ in range(300):
-            assert proc.proc.poll() is None, proc.log.read_text()[-3000:]
-            try:
-                if (await client.get(f"{url}/readyz")).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.2)
-        else:
-            raise AssertionError(f"gateway not ready:\n{proc.log.read_text()[-3000:]}")
     yield url
     proc.stop()
 

@@ -1,0 +1,52 @@
+"""The stream bridge while it replays the log (a starting gateway): ends no worker writes wait for llm.tokens."""
+from __future__ import annotations
+
+from producers.gateway.bridge import FINAL_GRACE_S, StreamBridge
+from tests.factories import make_event
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def tokens(gen_id: str, tenant_id: str, seqs):
+    for seq in seqs:
+        yield make_event("TokensEmitted", tenant_id, gen_id).model_copy(update={"seq": seq})
+
+
+def test_an_interrupt_replayed_ahead_of_its_tokens_ends_the_stream_after_them_once_caught_up():
+    clock = Clock()
+    bridge = StreamBridge("unused:9092", clock=clock)  # never started: events are fed by hand
+    gen_id, tenant = "gen_replayed", "tenant-r"
+    bridge.on_event("llm.generations", make_event("Admitted", tenant, gen_id))
+    bridge.on_event("llm.generations", make_event("Interrupted", tenant, gen_id))  # its partition read first
+    for event in tokens(gen_id, tenant, (1, 2, 3)):
+        bridge.on_event("llm.tokens", event)
+    view = bridge.view(gen_id)
+    assert view.final is None and [t.seq for t in view.tokens] == [1, 2, 3]
+    clock.now += FINAL_GRACE_S + 1
+    bridge.sweep_once()
+    assert view.final is None  # still replaying: more of llm.tokens may be unread
+    bridge.follower.caught_up.set()
+    bridge.sweep_once()
+    assert (view.final.reason, view.final.usage_label, view.final.seq) == ("interrupted", "interrupted", 4)
+    assert view.status == "interrupted" and 1 in view.dead_epochs
+
+
+def test_a_live_interrupt_ends_at_once_and_later_tokens_of_its_epoch_are_ignored():
+    bridge = StreamBridge("unused:9092", clock=Clock())
+    bridge.follower.caught_up.set()
+    gen_id, tenant = "gen_live", "tenant-l"
+    bridge.on_event("llm.generations", make_event("Admitted", tenant, gen_id))
+    for event in tokens(gen_id, tenant, (1, 2)):
+        bridge.on_event("llm.tokens", event)
+    bridge.on_event("llm.generations", make_event("Interrupted", tenant, gen_id))
+    for event in tokens(gen_id, tenant, (3,)):
+        bridge.on_event("llm.tokens", event)
+    view = bridge.view(gen_id)
+    assert (view.final.reason, view.final.seq) == ("interrupted", 3)
+    assert [t.seq for t in view.tokens] == [1, 2]
