@@ -5,7 +5,7 @@ from pathlib import Path
 
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from consumers.kafka.access import SaslMechanism, SecurityProtocol
@@ -118,10 +118,11 @@ class Settings(BaseSettings):
     stream_stall_timeout_s: float = Field(default=10.0, gt=0,
                                           description="a connection whose client takes no bytes for this long "
                                                       "while the server waits to write is aborted")
-    generation_id_secret: SecretStr = Field(
-        default=SecretStr("ledgerlm-local-generation-ids"),
+    generation_id_secret: SecretStr | None = Field(
+        default=None,
         description="HMAC key of the tenant tag in generation ids (schemas/generation_ids.py): the controller and "
-                    "every gateway must share it; set your own in production")
+                    "every gateway must share it. Unset: the one kept in <home>/credentials/generation-id-secret "
+                    "(generated, mode 0600, on first use), which roles on one host share")
     read_your_writes_wait_s: float = Field(default=10.0, gt=0,
                                            description="how long a gateway waits for a generation the caller's "
                                                        "id proves it owns to reach its bridge or the projection "
@@ -153,6 +154,8 @@ class Settings(BaseSettings):
                                                 "may hold on one gateway; more: 429")
     max_request_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, description="larger HTTP bodies get 413")
 
+    _generated_id_key: str | None = PrivateAttr(default=None)
+
     @field_validator("worker_kv_cache_bytes", mode="before")
     @classmethod
     def _kv_size(cls, value: object) -> str:
@@ -165,3 +168,14 @@ class Settings(BaseSettings):
     @property
     def state_file(self) -> Path:
         return self.home / "services.json"
+
+    def generation_id_key(self) -> str:
+        """The generation-id HMAC key: the configured secret, else the host's generated one (never a constant
+        every deployment shares, which would let anyone mint a valid-looking tag)."""
+        if self.generation_id_secret is not None:
+            return self.generation_id_secret.get_secret_value()
+        if self._generated_id_key is None:
+            from infra.credentials import generated_secret
+
+            self._generated_id_key = generated_secret(self.home / "credentials" / "generation-id-secret")
+        return self._generated_id_key

@@ -69,6 +69,7 @@ class Decider:
     def __init__(self, settings: Settings, registry: WorkerRegistry, tenants: dict[str, TenantLimits],
                  models: ModelBook, rng: random.Random | None = None) -> None:
         self.settings = settings
+        self.id_key = settings.generation_id_key()
         self.registry = registry
         self.tenants = tenants
         self.models = models
@@ -204,7 +205,7 @@ class Decider:
               reserved: int, version: str, worker_id: str, now: datetime, queued: bool = False) -> Effects:
         """Admit on `version`, the concrete version (an alias's draw): identity, Admitted and StartAttempt
         all record it, so status, billing and a retry see the version that runs."""
-        gen_id = mint_generation_id(self.settings.generation_id_secret.get_secret_value(), cmd.tenant_id)
+        gen_id = mint_generation_id(self.id_key, cmd.tenant_id)
         now_s = int(now.timestamp())
         tenant.charge(now_s, reserved)
         record = IdentityRecorded(plane=self.plane, tenant_id=cmd.tenant_id, request_id=cmd.request_id,

@@ -40,7 +40,7 @@ async def find_generation(db: GatewayDatabase, bridge: StreamBridge, settings: S
     status = await read_status(db, bridge, tenant_id, generation_id)
     if status is not None:
         return status
-    if not owned_by(settings.generation_id_secret.get_secret_value(), generation_id, tenant_id):
+    if not owned_by(settings.generation_id_key(), generation_id, tenant_id):
         raise not_found(generation_id)
     return await wait_for_owned(db, bridge, settings, tenant_id, generation_id)
 

@@ -189,7 +189,7 @@ async def test_an_owned_id_in_neither_source_is_503_after_the_bounded_wait_never
     settings = app_gateway.settings
     app_gateway.settings = settings.model_copy(update={"read_your_writes_wait_s": 0.5})
     try:
-        gen_id = mint_generation_id(settings.generation_id_secret.get_secret_value(), tenants["main"].tenant_id)
+        gen_id = mint_generation_id(settings.generation_id_key(), tenants["main"].tenant_id)
         response, elapsed_s = await timed(gateway.get(f"/v1/generations/{gen_id}", headers=tenants["main"].headers))
     finally:
         app_gateway.settings = settings

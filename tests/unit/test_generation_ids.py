@@ -28,3 +28,16 @@ def test_ids_are_fresh_and_a_changed_character_breaks_the_tag():
 def test_untagged_and_malformed_ids_are_owned_by_nobody():
     for gen_id in ("gen_" + "ab" * 16, "gen_missing", "", "gen_", "x" * 44, mint_generation_id(SECRET, "t")[4:]):
         assert not owned_by(SECRET, gen_id, "t")
+
+
+def test_without_a_configured_secret_each_home_generates_its_own_key_kept_0600(tmp_path):
+    from pydantic import SecretStr
+
+    from ledgerlm.settings import Settings
+
+    one, other = Settings(home=tmp_path / "a"), Settings(home=tmp_path / "b")
+    key = one.generation_id_key()
+    assert key == Settings(home=tmp_path / "a").generation_id_key()  # roles of one host share it
+    assert key != other.generation_id_key() and len(key) >= 32
+    assert (tmp_path / "a" / "credentials" / "generation-id-secret").stat().st_mode & 0o777 == 0o600
+    assert Settings(home=tmp_path / "a", generation_id_secret=SecretStr("mine")).generation_id_key() == "mine"
