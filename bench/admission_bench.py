@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 
 from bench.common import percentile, spawn, stop_processes, wait_for_log
-from ledgerlm.settings import REPO_ROOT, Settings
+from plumbing.settings import REPO_ROOT, Settings
 
 
 def workload(num_requests: int) -> list[str]:
@@ -81,16 +81,16 @@ async def run_admission_bench(model_dir: Path, rate: float, seconds: float, num_
     import httpx
 
     from bench.common import free_port
-    from consumers.kafka.groups import move_group_to_end
+    from plumbing.kafka.groups import move_group_to_end
     from engine.artifacts import load_artifacts
-    from ledgerlm.cli.endpoints import database_url, kafka_bootstrap
+    from bench.common import local_endpoints
     from producers.model_registry import describe, register_model
     from producers.tenant_admin import create_tenant
     from schemas.values import TenantLimits
 
     plane = f"bench-{uuid.uuid4().hex[:8]}"
     base = Settings()
-    bootstrap, db_url = kafka_bootstrap(base), database_url(base)
+    bootstrap, db_url = local_endpoints(base)
     version = f"bench-{describe(model_dir, 'probe').content_sha256[:8]}@1"
     await register_model(bootstrap, model_dir, version)
     tenant = await create_tenant(bootstrap, db_url, f"bench-{uuid.uuid4().hex[:8]}",

@@ -14,9 +14,9 @@ import time
 import uuid
 
 from bench.audit_traffic import write_traffic
-from consumers.kafka.clients import Kafka
+from plumbing.kafka.clients import Kafka
 from bench.projector_bench import ScratchDatabase
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from projections.audit import audit_replay
 from projections.registry import all_projections
 from projections.runtime import Projector

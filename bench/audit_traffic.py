@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaProducer
 
-from consumers.kafka.clients import Kafka, make_producer
-from consumers.kafka.follower import partition_for
+from plumbing.kafka.clients import Kafka, make_producer
+from plumbing.kafka.follower import partition_for
 from schemas.codec import encode, record_headers, record_key
 from schemas.lifecycle import Admitted, AttemptStarted, Completed, UsageReported
 from schemas.stream import StreamFinished, TokensEmitted

@@ -222,7 +222,7 @@ async def run_capacity_bench(model_dir: Path, config: CapacityConfig, workdir: P
 
 
 def assemble(config: CapacityConfig, model_dir: Path, runs: dict, unavailable: dict, load_start: list) -> dict:
-    from ledgerlm.settings import Settings
+    from plumbing.settings import Settings
 
     where = mark_working_sets(runs, config)
     at_saturation = ratios(runs)

@@ -21,7 +21,7 @@ from bench.serve_metrics import RequestRecord, distribution
 def load_engine_alone(model_dir: Path):
     """The engine a worker started with default settings would run (device cpu, as the harness sets it)."""
     from consumers.worker.runtime import load_engine
-    from ledgerlm.settings import Settings
+    from plumbing.settings import Settings
     from producers.model_registry import describe
 
     from engine.request import EngineRequest, SamplingParams

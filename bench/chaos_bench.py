@@ -30,7 +30,7 @@ from bench.chaos_clients import ClientResult, SteadyLoad
 from bench.chaos_roles import Role, stop_all, supervise
 from infra.ports import free_port
 from infra.services import LocalServices
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from schemas.topics import DAY_MS, TopicSpec
 
 PROBE_SPEC = TopicSpec(faults.PROBE_TOPIC, "key", (), "delete", DAY_MS, partitions=3, min_insync_replicas=2,
@@ -107,7 +107,7 @@ async def _run(config: ChaosConfig, settings: Settings, services: LocalServices,
                   "worker": new_worker(), "projector": Role("projector", ["project"], env, logs / "projector.log"),
                   "gateway": Role("gateway", ["gateway", "--host", "127.0.0.1", "--port", str(port)], env,
                                   logs / "gateway.log")})
-    from consumers.kafka.groups import move_group_to_end
+    from plumbing.kafka.groups import move_group_to_end
 
     await move_group_to_end(bootstrap, plane, "llm.commands")
     for role in roles.values():
@@ -139,7 +139,7 @@ async def _run(config: ChaosConfig, settings: Settings, services: LocalServices,
 async def prepare(config: ChaosConfig, settings: Settings, bootstrap: str, database_url: str) -> dict:
     """Migrate, create topics (RF from the cluster), register the model, create two tenants."""
     from bench.admission_bench import workload
-    from consumers.kafka.topic_admin import TopicAdmin
+    from plumbing.kafka.topic_admin import TopicAdmin
     from migrations import runner
     from producers.model_registry import describe, register_model
     from producers.tenant_admin import create_tenant

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import psycopg
 
 from bench.chaos_clients import ClientResult
-from consumers.kafka.clients import Kafka, make_consumer, partitions_of, read_to_end
+from plumbing.kafka.clients import Kafka, make_consumer, partitions_of, read_to_end
 from schemas.codec import DecodeError, decode
 from schemas.lifecycle import TERMINAL_TYPES
 from schemas.topics import CONTROL_CHANGELOG, GENERATIONS

@@ -21,7 +21,7 @@ import psycopg
 
 from bench.chaos_checks import LogRecord, generation_events
 from bench.chaos_roles import Role
-from consumers.kafka.clients import Kafka, make_admin, make_producer, publish
+from plumbing.kafka.clients import Kafka, make_admin, make_producer, publish
 from infra.services import LocalServices
 from infra.state import ServicesState
 from migrations import runner

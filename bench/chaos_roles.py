@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from ledgerlm.settings import REPO_ROOT
+from plumbing.settings import REPO_ROOT
 
 
 class Role:

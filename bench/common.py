@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from ledgerlm.settings import REPO_ROOT
+from plumbing.settings import REPO_ROOT
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -68,3 +68,14 @@ def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 20) -> None
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def local_endpoints(settings) -> tuple[str, str]:
+    """(Kafka bootstrap, database URL) of the stack `ledgerlm infra up` started (or the environment names)."""
+    from infra.services import LocalServices
+
+    endpoints = LocalServices(settings).endpoints()
+    if not endpoints.kafka_bootstrap or not endpoints.database_url:
+        raise RuntimeError("no Kafka or PostgreSQL: run `ledgerlm infra up` (or set LEDGERLM_KAFKA_BOOTSTRAP and "
+                           "LEDGERLM_DATABASE_URL) before this benchmark")
+    return endpoints.kafka_bootstrap, endpoints.database_url

@@ -21,7 +21,7 @@ from bench.overhead_load import MIXES, LoadResult, Mix, PromptMaker, closed_loop
 from bench.overhead_postgres import RowSnapshot, row_deltas, settled_rows, wait_projected
 from bench.overhead_stack import Stack, platform
 from bench.proc_cpu import CpuSampler, PROC, cpu_seconds, process_ticks, read_stat, thread_ticks, tree_ticks
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.proc_cpu import PROC
-from consumers.kafka.clients import Kafka
+from plumbing.kafka.clients import Kafka
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ async def partition_end_offsets(kafka: Kafka, topics: list[str]) -> dict[tuple[s
     """End offset of every partition of `topics` (internal topics included when asked for)."""
     from aiokafka import TopicPartition
 
-    from consumers.kafka.clients import make_consumer
+    from plumbing.kafka.clients import make_consumer
 
     consumer = make_consumer(kafka, client_id="bench-overhead", auto_offset_reset="latest")
     await consumer.start()

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import free_port, spawn, stop_processes, wait_for_log, wait_ready
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 ROLES = ("controller", "worker", "projector", "gateway")
 
@@ -34,14 +34,14 @@ class Stack:
 
 @asynccontextmanager
 async def platform(version: str, workdir: Path) -> AsyncIterator[Stack]:
-    from consumers.kafka.groups import move_group_to_end
-    from ledgerlm.cli.endpoints import database_url, kafka_bootstrap
+    from plumbing.kafka.groups import move_group_to_end
+    from bench.common import local_endpoints
     from producers.tenant_admin import create_tenant
     from schemas.values import TenantLimits
 
     settings, run_id = Settings(), uuid.uuid4().hex[:8]
     plane = f"bench-overhead-{run_id}"
-    bootstrap, db_url = kafka_bootstrap(settings), database_url(settings)
+    bootstrap, db_url = local_endpoints(settings)
     tenant = await create_tenant(bootstrap, db_url, f"bench-overhead-{run_id}", TenantLimits(
         max_concurrency=10_000, tokens_per_minute=100_000_000, max_tokens_in_flight=10_000_000))
     await move_group_to_end(bootstrap, plane, "llm.commands")

@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 import psycopg
 
 from bench.common import percentile
-from consumers.kafka.clients import make_producer
-from ledgerlm.settings import Settings
+from plumbing.kafka.clients import make_producer
+from plumbing.settings import Settings
 from migrations import runner
 from projections.lifecycle import LifecycleProjection
 from projections.runtime import Projector

@@ -23,7 +23,7 @@ import httpx
 
 from bench.common import free_port, spawn, stop_processes, wait_for_log, wait_ready
 from bench.serve_client import Target
-from ledgerlm.settings import REPO_ROOT, Settings
+from plumbing.settings import REPO_ROOT, Settings
 
 HEARTBEAT_INTERVAL_MS = 500
 # Room for many long documents (4,600 tokens each) beside the interactive work: 131,072 tokens on the mini
@@ -47,7 +47,7 @@ class HeartbeatSampler:
     """Follows `llm.workers` from now on and keeps one worker's capacity samples."""
 
     def __init__(self, bootstrap: str, worker_id: str) -> None:
-        from consumers.kafka.follower import Follower
+        from plumbing.kafka.follower import Follower
         from schemas.topics import WORKERS
 
         self.worker_id = worker_id
@@ -92,15 +92,15 @@ async def ledgerlm_platform(model_dir: Path, tenants: list[TenantSpec], workdir:
     """`settings`: LEDGERLM_* variables for every role (default SERVE_SETTINGS); `bench` names the plane."""
     import asyncio
 
-    from consumers.kafka.groups import move_group_to_end
-    from ledgerlm.cli.endpoints import database_url, kafka_bootstrap
+    from plumbing.kafka.groups import move_group_to_end
+    from bench.common import local_endpoints
     from producers.model_registry import describe, register_model
     from producers.tenant_admin import create_tenant
     from schemas.values import TenantLimits
 
     run_id = uuid.uuid4().hex[:8]
     plane, local = f"bench-{bench}-{run_id}", Settings()
-    bootstrap, db_url = kafka_bootstrap(local), database_url(local)
+    bootstrap, db_url = local_endpoints(local)
     version = f"bench-{describe(model_dir, 'probe').content_sha256[:8]}@1"
     await register_model(bootstrap, model_dir, version)
     keys = {}

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.common import free_port, percentile, wait_ready
-from ledgerlm.settings import REPO_ROOT, Settings
+from plumbing.settings import REPO_ROOT, Settings
 
 HASH = "ab" * 32
 TARGET_EVENTS_PER_S = 20000
@@ -57,8 +57,8 @@ async def produce(job: dict) -> dict:
     without re-validation (`model_construct`; they are valid by construction) and appended to one record batch
     per partition per millisecond tick, as a producer's accumulator would, instead of one `send` each.
     """
-    from consumers.kafka.clients import make_producer
-    from consumers.kafka.follower import partition_for
+    from plumbing.kafka.clients import make_producer
+    from plumbing.kafka.follower import partition_for
     from schemas.codec import encode, record_headers, record_key
     from schemas.stream import StreamFinished, TokensEmitted
     from schemas.topics import TOKENS
@@ -193,7 +193,7 @@ class Client:
 # ---------------------------------------------------------------- the run
 
 async def publish_admitted(bootstrap: str, tenant: str, generations: list[str], per_gen: int) -> None:
-    from consumers.kafka.clients import make_producer, publish
+    from plumbing.kafka.clients import make_producer, publish
     from schemas.lifecycle import Admitted
     from schemas.topics import GENERATIONS
 
@@ -211,13 +211,13 @@ async def publish_admitted(bootstrap: str, tenant: str, generations: list[str], 
 async def run_stream_bench(clients: int, rate: int, seconds: float, workdir: Path) -> dict:
     import httpx
 
-    from ledgerlm.cli.endpoints import database_url, kafka_bootstrap
+    from bench.common import local_endpoints
     from producers.tenant_admin import create_tenant
     from schemas.values import TenantLimits
 
     load_before = [round(x, 2) for x in os.getloadavg()]  # other work on the machine skews every number here
     settings = Settings()
-    bootstrap, db_url = kafka_bootstrap(settings), database_url(settings)
+    bootstrap, db_url = local_endpoints(settings)
     workdir.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:8]
     tenant = await create_tenant(bootstrap, db_url, f"bench-stream-{run_id}",

@@ -5,7 +5,7 @@ import asyncio
 
 import psycopg
 
-from consumers.kafka.clients import Kafka, make_admin
+from plumbing.kafka.clients import Kafka, make_admin
 
 
 async def kafka_topics(kafka: Kafka, timeout_s: float = 5.0) -> list[str] | None:

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.credentials import write_secret_file
+from plumbing.secrets import write_secret_file
 from infra.errors import InfraError
 from infra.ports import free_port, is_port_open
 from infra.processes import cmdline, is_alive, kill_group, spawn, terminate

@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from infra.credentials import generated_secret
+from plumbing.secrets import generated_secret
 from infra.errors import InfraError
 from infra.ports import free_port, is_port_open
 from infra.processes import is_alive

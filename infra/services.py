@@ -19,15 +19,15 @@ from dataclasses import dataclass
 
 from pydantic import SecretStr
 
-from consumers.kafka.access import KafkaAccess, KafkaAccessError
-from infra.credentials import redact_url
+from plumbing.kafka.access import KafkaAccess, KafkaAccessError
+from plumbing.secrets import redact_url
 from infra.errors import InfraError
 from infra.health import kafka_up, postgres_up
 from infra.kafka_cluster import KafkaCluster
 from infra.kafka_node import KafkaNode
 from infra.postgres_node import PostgresNode
 from infra.state import ServiceRecord, ServicesState
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 
 @dataclass(frozen=True)

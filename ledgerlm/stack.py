@@ -36,11 +36,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra.credentials import write_secret_file
-from ledgerlm.settings import REPO_ROOT, Settings
+from plumbing.secrets import write_secret_file
+from plumbing.settings import REPO_ROOT, Settings
 
 if TYPE_CHECKING:
-    from consumers.kafka.access import KafkaAccess
+    from plumbing.kafka.access import KafkaAccess
 
 ROLES = ("controller", "worker", "projector", "gateway")
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
@@ -137,7 +137,7 @@ class StackRunner:
 
     # -- preparation -------------------------------------------------------------------------
     def services(self) -> tuple["KafkaAccess", str, bool]:
-        from consumers.kafka.topic_admin import TopicAdmin
+        from plumbing.kafka.topic_admin import TopicAdmin
         from infra.services import LocalServices
         from migrations import runner
 

@@ -12,10 +12,10 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 if TYPE_CHECKING:
-    from consumers.kafka.clients import Kafka
+    from plumbing.kafka.clients import Kafka
 
 DEMO_SIZES = ("tiny", "small")
 

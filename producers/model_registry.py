@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from consumers.kafka.clients import Kafka, make_producer, publish
-from consumers.kafka.follower import Follower
+from plumbing.kafka.clients import Kafka, make_producer, publish
+from plumbing.kafka.follower import Follower
 from schemas.envelope import Envelope
 from schemas.model_book import ModelBook
 from schemas.model_rollout import RESERVED_PREFIXES

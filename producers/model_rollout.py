@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from consumers.kafka.clients import Kafka
+from plumbing.kafka.clients import Kafka
 from engine.golden import GOLDEN_FILE, GoldenReport, load_golden, run_golden  # light: no torch here
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from producers.model_registry import publish_model_record, read_model_book
 from schemas.model_book import ModelBook
 from schemas.model_rollout import ModelAliasSet, ModelQualified

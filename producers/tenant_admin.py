@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import psycopg
 
-from consumers.kafka.clients import Kafka, make_producer, publish
-from consumers.kafka.dead_letters import DeadLetterRouter
+from plumbing.kafka.clients import Kafka, make_producer, publish
+from plumbing.kafka.dead_letters import DeadLetterRouter
 from producers.api_keys import issue_api_key
 from projections.runtime import Projector
 from projections.tenants import TenantsProjection

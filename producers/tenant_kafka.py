@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from consumers.kafka.clients import Kafka
-from consumers.kafka.topic_admin import TopicAdmin
+from plumbing.kafka.clients import Kafka
+from plumbing.kafka.topic_admin import TopicAdmin
 from schemas.intake import intake_topic, results_topic, tenant_topic_specs
 
 

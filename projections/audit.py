@@ -25,8 +25,8 @@ from typing import TextIO
 import psycopg
 from aiokafka import TopicPartition
 
-from consumers.kafka.clients import Kafka, make_consumer, partitions_of
-from ledgerlm.settings import Settings
+from plumbing.kafka.clients import Kafka, make_consumer, partitions_of
+from plumbing.settings import Settings
 from migrations import runner
 from projections import audit_checkpoint as checkpoint
 from projections.audit_compare import PER_PROJECTION, Comparer, TableDiff, TableHash, pin_session

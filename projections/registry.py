@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from projections.base import Projection
 from projections.lifecycle import LifecycleProjection
 from projections.model_versions import ModelVersionsProjection

@@ -21,8 +21,8 @@ import uuid
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
-from consumers.kafka.clients import Kafka, make_consumer, make_producer
-from ledgerlm.settings import Settings
+from plumbing.kafka.clients import Kafka, make_consumer, make_producer
+from plumbing.settings import Settings
 from projections.results import ResultsDeriver
 from schemas.codec import DecodeError, decode
 from schemas.intake import RESULTS_PREFIX, GenerationResult, results_topic

@@ -29,9 +29,9 @@ import psycopg
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from consumers.kafka.clients import Kafka, make_consumer, partitions_of
-from ledgerlm.telemetry.metrics import ProjectorMetrics
-from ledgerlm.telemetry.server import Readiness
+from plumbing.kafka.clients import Kafka, make_consumer, partitions_of
+from plumbing.telemetry.metrics import ProjectorMetrics
+from plumbing.telemetry.server import Readiness
 from projections.base import Projection
 from projections.offsets import StaleOffset, advance, load_offsets
 from projections.refused import apply_refusing, store_refused

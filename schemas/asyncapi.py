@@ -2,7 +2,7 @@
 
 One FastStream publisher per (topic, record type) carries the pydantic model
 as its message schema; nothing is connected — the broker object (built by the
-client factory, `consumers.kafka.clients.make_broker`) only exists to be described.
+client factory, `plumbing.kafka.clients.make_broker`) only exists to be described.
 """
 from __future__ import annotations
 

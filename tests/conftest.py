@@ -7,7 +7,7 @@ import os
 import psycopg
 import pytest
 
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +46,7 @@ def database_url(services) -> str:
 
 @pytest.fixture(scope="session")
 def topics(bootstrap, settings):
-    from consumers.kafka.topic_admin import TopicAdmin
+    from plumbing.kafka.topic_admin import TopicAdmin
 
     async def ensure():
         async with TopicAdmin(bootstrap, settings.topic_partitions, settings.topic_replication_factor) as admin:
@@ -65,7 +65,7 @@ def conn(database_url):
 
 @pytest.fixture
 async def producer(bootstrap, topics):
-    from consumers.kafka.clients import make_producer
+    from plumbing.kafka.clients import make_producer
 
     p = make_producer(bootstrap)
     await p.start()

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 
 from infra.services import Endpoints, LocalServices
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 KAFKA_IMAGE = "apache/kafka:4.1.1"
 POSTGRES_IMAGE = "postgres:16"
@@ -93,7 +93,7 @@ def sasl_access(endpoints: Endpoints, settings: Settings, principal: str):
     when the session's Kafka is not the project's own local node (testcontainers, external)."""
     from pydantic import SecretStr
 
-    from consumers.kafka.access import KafkaAccess, KafkaPrincipal
+    from plumbing.kafka.access import KafkaAccess, KafkaPrincipal
 
     if endpoints.kafka_sasl_bootstrap is None:
         return None

@@ -24,7 +24,7 @@ from consumers.controller.leases import interruption
 from consumers.controller.registry import Demand, WorkerRegistry
 from consumers.controller.state import PartitionState, TenantState
 from consumers.controller.versions import VersionPicker, describe
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from schemas.changelog import IdentityRecorded, TenantBudgetState
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
 from schemas.dispatch import CancelAttempt, StartAttempt

@@ -23,12 +23,12 @@ from aiokafka import AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from consumers.controller.decisions import Decider, Effects
 from consumers.controller.registry import WorkerRegistry
 from consumers.controller.state import PartitionState
-from consumers.kafka.clients import Kafka, make_consumer, make_producer, read_to_end
-from consumers.kafka.dead_letters import dead_letter_for
-from consumers.kafka.follower import Follower
-from ledgerlm.settings import Settings
-from ledgerlm.telemetry.metrics import ControllerMetrics
-from ledgerlm.telemetry.server import Readiness, RoleServer
+from plumbing.kafka.clients import Kafka, make_consumer, make_producer, read_to_end
+from plumbing.kafka.dead_letters import dead_letter_for
+from plumbing.kafka.follower import Follower
+from plumbing.settings import Settings
+from plumbing.telemetry.metrics import ControllerMetrics
+from plumbing.telemetry.server import Readiness, RoleServer
 from schemas.codec import DecodeError, decode, encode, record_headers, record_key
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
 from schemas.dead_letter import DeadLetter
@@ -247,7 +247,7 @@ class Controller:
 
     async def _check_co_partitioning(self, follower: Follower) -> None:
         """Changelog records go to the partition number of their command: both topics need equal counts."""
-        from consumers.kafka.clients import partitions_of
+        from plumbing.kafka.clients import partitions_of
 
         commands = await partitions_of(follower.consumer, COMMANDS)
         changelog = await partitions_of(follower.consumer, CONTROL_CHANGELOG)

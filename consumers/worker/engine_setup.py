@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from schemas.registry_events import ModelVersionRegistered
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from consumers.worker.attempts import FINISHES, Attempt
 from engine.request import FinishReason, RequestOutput
-from ledgerlm.telemetry.metrics import WorkerMetrics
+from plumbing.telemetry.metrics import WorkerMetrics
 
 
 def observe_output(metrics: WorkerMetrics, attempt: Attempt, output: RequestOutput, now: float) -> None:

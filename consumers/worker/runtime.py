@@ -35,9 +35,9 @@ import uuid
 from datetime import UTC, datetime
 
 
-from consumers.kafka.clients import Kafka, make_consumer, make_producer
-from consumers.kafka.clients import partitions_of
-from consumers.kafka.follower import partition_for
+from plumbing.kafka.clients import Kafka, make_consumer, make_producer
+from plumbing.kafka.clients import partitions_of
+from plumbing.kafka.follower import partition_for
 from consumers.worker.attempts import (
     FINISHES, Attempt, attempt_id_of, blocks_for, choice_of, engine_requests, monotonic_of, refusal, terminal_event,
 )
@@ -48,9 +48,9 @@ from consumers.worker.measure import observe_output
 from consumers.worker.sends import acked, watched
 from consumers.worker.waiting import WaitingQueue
 from engine.request import FinishReason, RequestOutput
-from ledgerlm.settings import Settings
-from ledgerlm.telemetry.metrics import WorkerMetrics
-from ledgerlm.telemetry.server import Readiness, RoleServer
+from plumbing.settings import Settings
+from plumbing.telemetry.metrics import WorkerMetrics
+from plumbing.telemetry.server import Readiness, RoleServer
 from schemas.codec import DecodeError, decode, encode, record_headers, record_key
 from schemas.commands import ReleaseReservation
 from schemas.dispatch import CancelAttempt, DrainWorker, StartAttempt

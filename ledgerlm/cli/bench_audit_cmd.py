@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ledgerlm.cli.endpoints import database_url, kafka_access
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 
 def register_audit(bench: argparse._SubParsersAction) -> None:

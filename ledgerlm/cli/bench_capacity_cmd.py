@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from ledgerlm.cli.errors import CliError
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 MODEL = "smollm2-135m-instruct"
 

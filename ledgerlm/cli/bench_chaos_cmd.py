@@ -8,7 +8,7 @@ import logging
 import signal
 from pathlib import Path
 
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 ZERO_KEYS = ("stuck", "audit_differences", "overbilled", "duplicate_seqs", "missing_seqs", "unreleased_reservations",
              "lost_events")

@@ -66,7 +66,7 @@ def run_engine_bench(args: argparse.Namespace) -> int:
     if args.model is not None:
         from engine.errors import ArtifactError
         from ledgerlm.model_pull import PullError, pull
-        from ledgerlm.settings import Settings
+        from plumbing.settings import Settings
 
         try:
             model_dir = pull(args.model, Settings().home, lambda msg: print(msg, flush=True))[1].model_dir

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ledgerlm.cli.errors import CliError
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 MODELS = ("demo-tiny", "demo-small", "smollm2-135m-instruct")
 

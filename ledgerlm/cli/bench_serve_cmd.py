@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 MODEL_SIZE = "mini"  # 4.9M parameters, an 8,192-token context: long documents are 4,000 + 600 tokens
 

@@ -6,7 +6,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 
 def register_stream(bench: argparse._SubParsersAction) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ledgerlm.cli.endpoints import kafka_access
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -5,7 +5,7 @@ import argparse
 
 from ledgerlm.cli.endpoints import database_url
 from ledgerlm.cli.errors import CliError
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

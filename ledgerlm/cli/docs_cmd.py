@@ -12,7 +12,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_asyncapi(args: argparse.Namespace) -> int:
-    from consumers.kafka.clients import make_broker
+    from plumbing.kafka.clients import make_broker
     from schemas.asyncapi import asyncapi_document
 
     broker = make_broker("localhost:9092", description="ledgerlm event log")

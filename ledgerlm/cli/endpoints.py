@@ -4,14 +4,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ledgerlm.cli.errors import CliError
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 if TYPE_CHECKING:
-    from consumers.kafka.access import KafkaAccess
+    from plumbing.kafka.access import KafkaAccess
 
 
 def kafka_access(settings: Settings) -> "KafkaAccess":
-    """Bootstrap servers and credentials every client of this process uses (consumers/kafka/access.py)."""
+    """Bootstrap servers and credentials every client of this process uses (plumbing/kafka/access.py)."""
     from infra.errors import InfraError
     from infra.services import LocalServices
 

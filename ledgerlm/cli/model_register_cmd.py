@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ledgerlm.cli.endpoints import kafka_access
 from ledgerlm.cli.errors import CliError
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 
 def add_register_parser(models: argparse._SubParsersAction) -> None:

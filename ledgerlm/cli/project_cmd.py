@@ -10,7 +10,7 @@ import sys
 
 from ledgerlm.cli.endpoints import database_url, kafka_access
 from ledgerlm.cli.errors import CliError
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,9 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_project(args: argparse.Namespace) -> int:
-    from consumers.kafka.clients import make_producer
-    from consumers.kafka.dead_letters import DeadLetterRouter
-    from ledgerlm.telemetry.server import RoleServer
+    from plumbing.kafka.clients import make_producer
+    from plumbing.kafka.dead_letters import DeadLetterRouter
+    from plumbing.telemetry.server import RoleServer
     from projections.registry import select
     from projections.runtime import Projector
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ledgerlm.cli.endpoints import kafka_access
 from ledgerlm.cli.errors import CliError
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -7,7 +7,7 @@ import json
 
 from ledgerlm.cli.endpoints import database_url, kafka_access
 from ledgerlm.cli.errors import CliError
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import json
 
 from ledgerlm.cli.endpoints import kafka_access
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_ensure(args: argparse.Namespace) -> int:
-    from consumers.kafka.topic_admin import TopicAdmin
+    from plumbing.kafka.topic_admin import TopicAdmin
 
     from infra.services import LocalServices
 

@@ -8,7 +8,7 @@ import sys
 import time
 
 from ledgerlm.cli.errors import CliError
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

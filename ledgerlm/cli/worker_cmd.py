@@ -5,10 +5,10 @@ import argparse
 import asyncio
 import os
 
-from consumers.kafka.access import KafkaAccess
+from plumbing.kafka.access import KafkaAccess
 from ledgerlm.cli.endpoints import kafka_access
 from ledgerlm.cli.errors import CliError
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,7 +50,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def run_drain(args: argparse.Namespace) -> int:
-    from consumers.kafka.clients import make_producer, publish
+    from plumbing.kafka.clients import make_producer, publish
     from schemas.dispatch import DrainWorker
     from schemas.topics import DISPATCH
 

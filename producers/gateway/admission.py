@@ -15,9 +15,9 @@ import uuid
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client import Histogram
 
-from consumers.kafka.clients import Kafka, make_consumer, make_producer, publish
-from consumers.kafka.clients import partitions_of
-from consumers.kafka.follower import partition_for
+from plumbing.kafka.clients import Kafka, make_consumer, make_producer, publish
+from plumbing.kafka.clients import partitions_of
+from plumbing.kafka.follower import partition_for
 from schemas.codec import DecodeError, decode
 from schemas.commands import CancelGeneration, SubmitGeneration
 from schemas.replies import AdmissionDecision

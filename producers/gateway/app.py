@@ -25,11 +25,11 @@ from fastapi import FastAPI, Query, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from consumers.kafka.clients import Kafka
-from consumers.kafka.follower import Follower
-from ledgerlm.settings import Settings
-from ledgerlm.telemetry.metrics import GatewayMetrics, exposition
-from ledgerlm.telemetry.server import Readiness
+from plumbing.kafka.clients import Kafka
+from plumbing.kafka.follower import Follower
+from plumbing.settings import Settings
+from plumbing.telemetry.metrics import GatewayMetrics, exposition
+from plumbing.telemetry.server import Readiness
 from producers.gateway import errors, openai_api, openapi_doc
 from producers.gateway.admission import AdmissionClient
 from producers.gateway.auth import Authenticator, presented_key

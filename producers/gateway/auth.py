@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from cachetools import LRUCache, TTLCache
 
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from producers.api_keys import could_be_key, hash_api_key
 from producers.gateway.database import GatewayDatabase, Principal
 from producers.gateway.errors import ApiError

@@ -21,8 +21,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from consumers.kafka.clients import Kafka
-from consumers.kafka.follower import Follower, StartPositions
+from plumbing.kafka.clients import Kafka
+from plumbing.kafka.follower import Follower, StartPositions
 from schemas.envelope import Envelope
 from schemas.lifecycle import (
     Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Failed, Interrupted, Rejected,

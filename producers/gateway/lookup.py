@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from producers.gateway.bridge import StreamBridge
 from producers.gateway.database import GatewayDatabase
 from producers.gateway.errors import ApiError

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ledgerlm.telemetry.metrics import GatewayMetrics
+from plumbing.telemetry.metrics import GatewayMetrics
 from producers.gateway.errors import ApiError, error_response
 from producers.gateway.openai_api import error_response as openai_error
 

@@ -27,7 +27,7 @@ Projected = Callable[[list[str]], Awaitable[dict[tuple[str, int], int]]]
 
 
 def replay_from(projected: Projected, max_age_s: float, clock=time.time):
-    """The bridge's start positions (`consumers.kafka.follower.StartPositions`): the projections' offsets, no
+    """The bridge's start positions (`plumbing.kafka.follower.StartPositions`): the projections' offsets, no
     earlier than `max_age_s` of log time nor than what the log still retains."""
 
     async def positions(consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:

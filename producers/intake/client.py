@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from consumers.kafka.clients import Kafka, make_consumer, make_producer, partitions_of
+from plumbing.kafka.clients import Kafka, make_consumer, make_producer, partitions_of
 from schemas.intake import intake_topic, results_topic
 
 

@@ -18,9 +18,9 @@ import uuid
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
-from consumers.kafka.clients import Kafka, make_consumer, make_producer
-from consumers.kafka.follower import Follower
-from ledgerlm.settings import Settings
+from plumbing.kafka.clients import Kafka, make_consumer, make_producer
+from plumbing.kafka.follower import Follower
+from plumbing.settings import Settings
 from producers.gateway.admission import AdmissionClient
 from producers.gateway.prompts import ModelCatalog
 from producers.intake.lanes import Lane, Outcome

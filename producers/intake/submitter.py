@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from aiokafka import ConsumerRecord
 
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from producers.gateway.admission import AdmissionClient
 from producers.gateway.database import Principal
 from producers.gateway.errors import ApiError
@@ -64,7 +64,7 @@ class Submitter:
                                 reason=reason, **fields)
 
     async def process(self, record: ConsumerRecord) -> Outcome:
-        from consumers.kafka.dead_letters import dead_letter_for
+        from plumbing.kafka.dead_letters import dead_letter_for
 
         tenant_id = tenant_of_intake(record.topic)
         parsed = parse_request(record.value)

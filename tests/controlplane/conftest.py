@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from consumers.kafka.groups import move_group_to_end
-from ledgerlm.settings import Settings
+from plumbing.kafka.groups import move_group_to_end
+from plumbing.settings import Settings
 from schemas.values import TenantLimits
 
 SESSION = uuid.uuid4().hex[:8]
@@ -324,7 +324,7 @@ async def wait_until(predicate, timeout_s: float, step_s: float = 0.02, what: st
 async def read_topic(bootstrap: str, topic: str, since_ms: int, match) -> list:
     """Decoded events on `topic` written since `since_ms` (epoch ms) for which match(event) holds."""
     from schemas.codec import DecodeError, decode
-    from consumers.kafka.clients import make_consumer, partitions_of
+    from plumbing.kafka.clients import make_consumer, partitions_of
 
     consumer = make_consumer(bootstrap, client_id="test-read-topic", auto_offset_reset="latest")
     await consumer.start()

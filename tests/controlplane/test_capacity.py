@@ -6,7 +6,7 @@ import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 
-from consumers.kafka.clients import publish
+from plumbing.kafka.clients import publish
 from consumers.worker.attempts import blocks_for
 from schemas.dispatch import StartAttempt
 from schemas.registry_events import WorkerHeartbeat

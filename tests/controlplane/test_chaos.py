@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from bench.chaos_bench import ChaosConfig, run_chaos_bench
 from ledgerlm.cli.bench_chaos_cmd import ZERO_KEYS
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 FAULTS = ["worker_kill9", "broker_kill9", "postgres_restart", "projector_kill9", "projections_dropped_and_rebuilt",
           "usage_duplicates_and_late"]

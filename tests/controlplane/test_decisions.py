@@ -9,7 +9,7 @@ import pytest
 from consumers.controller.decisions import Decider
 from consumers.controller.registry import WorkerRegistry
 from consumers.controller.state import PartitionState
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
 from schemas.model_book import ModelBook
 from schemas.registry_events import WorkerHeartbeat

@@ -5,7 +5,7 @@ import asyncio
 import time
 import uuid
 
-from consumers.kafka.clients import publish
+from plumbing.kafka.clients import publish
 from schemas.stream import TokensEmitted
 from tests.controlplane.conftest import Process, body, read_topic, wait_until
 from tests.controlplane.test_stream_resume import AsgiClient

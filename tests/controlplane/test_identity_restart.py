@@ -11,12 +11,10 @@ import asyncio
 import uuid
 from contextlib import asynccontextmanager
 
-from aiokafka import AIOKafkaConsumer
 
 from consumers.controller.runtime import Controller
-from consumers.kafka.access import KafkaAccess
-from consumers.kafka.clients import make_producer, partitions_of, publish, read_to_end
-from consumers.kafka.groups import move_group_to_end
+from plumbing.kafka.clients import make_consumer, make_producer, partitions_of, publish, read_to_end
+from plumbing.kafka.groups import move_group_to_end
 from producers.gateway.admission import AdmissionClient
 from schemas.changelog import identity_key
 from schemas.commands import ReleaseReservation, SubmitGeneration
@@ -41,8 +39,7 @@ async def running_controller(settings, kafka):
 
 
 async def changelog_tombstones(kafka, key: str) -> int:
-    consumer = AIOKafkaConsumer(**KafkaAccess.of(kafka).client_options(), enable_auto_commit=False,
-                                isolation_level="read_committed")
+    consumer = make_consumer(kafka, client_id="test-changelog")
     await consumer.start()
     try:
         tps = await partitions_of(consumer, CONTROL_CHANGELOG)

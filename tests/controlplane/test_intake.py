@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from consumers.kafka.clients import make_consumer, make_producer, partitions_of
+from plumbing.kafka.clients import make_consumer, make_producer, partitions_of
 from schemas.intake import intake_topic, results_topic
 from schemas.values import TenantLimits
 from tests.controlplane.conftest import SESSION, Process, read_topic

@@ -12,9 +12,9 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 from pydantic import SecretStr
 
-from consumers.kafka.access import KafkaAccess, KafkaPrincipal
-from consumers.kafka.clients import make_admin
-from ledgerlm.settings import Settings
+from plumbing.kafka.access import KafkaAccess, KafkaPrincipal
+from plumbing.kafka.clients import make_admin
+from plumbing.settings import Settings
 from migrations import runner
 from projections.registry import all_projections
 from projections.runtime import Projector

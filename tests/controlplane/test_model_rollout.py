@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from consumers.kafka.groups import move_group_to_end
+from plumbing.kafka.groups import move_group_to_end
 from ledgerlm.cli.main import main
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from projections.audit import audit_replay
 from tests.controlplane.conftest import BLOCK, SESSION, body, wait_until
 from tests.controlplane.test_projected_billing import project_all
@@ -158,7 +158,7 @@ async def admit(gateway, headers: dict, payload: dict, timeout_s: float = 15) ->
 
 async def test_an_alias_pins_each_generation_to_one_version_a_retry_keeps_it_and_the_replay_agrees(
         gateway, start_worker, controller, tenants, versions, bootstrap, scratch_database, capsys):
-    from consumers.kafka.clients import make_producer, publish
+    from plumbing.kafka.clients import make_producer, publish
     from schemas.dispatch import DrainWorker
 
     stable, canary = versions["stable"], versions["canary"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import psycopg
 
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from migrations import runner
 from projections.audit import audit_replay
 from projections.registry import all_projections

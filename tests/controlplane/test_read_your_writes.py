@@ -12,7 +12,7 @@ import time
 
 import httpx
 
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from projections.registry import all_projections
 from projections.runtime import Projector
 from schemas.generation_ids import mint_generation_id

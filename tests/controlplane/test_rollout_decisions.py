@@ -10,7 +10,7 @@ import pytest
 from consumers.controller.decisions import Decider
 from consumers.controller.registry import WorkerRegistry
 from consumers.controller.state import PartitionState
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from schemas.commands import SubmitGeneration
 from schemas.model_book import ModelBook
 from schemas.model_rollout import ModelAliasSet, ModelQualified

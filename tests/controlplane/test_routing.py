@@ -5,7 +5,7 @@ import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 
-from consumers.kafka.clients import publish
+from plumbing.kafka.clients import publish
 from schemas.dispatch import DrainWorker, StartAttempt
 from tests.controlplane.conftest import own_version, body, read_topic, wait_until
 from tests.controlplane.test_capacity import routed

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from projections.registry import all_projections
 from projections.runtime import Projector
 from producers.gateway.streams import SLOW_CONSUMER_GRACE_S
@@ -333,7 +333,7 @@ async def test_a_stream_of_nul_and_control_characters_resumes_through_the_buffer
     the first read and the resume come from the resume buffer, and every seq arrives once, byte for byte."""
     import uuid
 
-    from consumers.kafka.clients import publish
+    from plumbing.kafka.clients import publish
     from schemas.topics import GENERATIONS, TOKENS
     from tests.projections.conftest import Gen
     from tests.projections.test_any_token_text import DELTAS, weird_stream

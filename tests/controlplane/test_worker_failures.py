@@ -14,7 +14,7 @@ import torch
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from consumers.kafka.clients import publish
+from plumbing.kafka.clients import publish
 from consumers.worker.engine_thread import EngineStopped
 from schemas.codec import encode, record_headers, record_key
 from schemas.commands import AttemptRefused, SubmitGeneration

@@ -6,8 +6,8 @@ import json
 import psycopg
 from aiokafka import TopicPartition
 
-from consumers.kafka.clients import make_consumer
-from consumers.kafka.dead_letters import DeadLetterRouter
+from plumbing.kafka.clients import make_consumer
+from plumbing.kafka.dead_letters import DeadLetterRouter
 from producers.tenant_admin import project_tenants
 from schemas.codec import decode, encode
 from schemas.topics import DLQ, GENERATIONS, TENANTS

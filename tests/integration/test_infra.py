@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from infra.credentials import redact_url
+from plumbing.secrets import redact_url
 from infra.errors import InfraError
 from infra.kafka_node import KafkaNode
 from infra.services import LocalServices
 from infra.state import ServiceRecord, ServicesState
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 
 LEDGERLM = [sys.executable, "-m", "ledgerlm.cli.main"]
 

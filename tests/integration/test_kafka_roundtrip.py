@@ -3,7 +3,7 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.partitioner import murmur2
 
-from consumers.kafka.clients import make_consumer, publish
+from plumbing.kafka.clients import make_consumer, publish
 from schemas.codec import decode
 from schemas.topics import TOPICS
 from tests.factories import make_event
@@ -18,7 +18,7 @@ def java_partition(key: bytes, partitions: int) -> int:
 
 @pytest.fixture(scope="module")
 async def round_trips(bootstrap, topics, settings):
-    from consumers.kafka.clients import make_producer
+    from plumbing.kafka.clients import make_producer
 
     producer = make_producer(bootstrap)
     await producer.start()

@@ -7,8 +7,8 @@ import uuid
 
 from aiokafka import TopicPartition
 
-from consumers.kafka.clients import make_producer, publish
-from consumers.kafka.follower import Follower
+from plumbing.kafka.clients import make_producer, publish
+from plumbing.kafka.follower import Follower
 from producers.gateway.replay import replay_from
 from schemas.topics import GENERATIONS
 from tests.factories import make_event

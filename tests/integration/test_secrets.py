@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
-from infra.credentials import redact_url, write_secret_file
+from plumbing.secrets import redact_url, write_secret_file
 from infra.services import LocalServices
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from tests.services import test_stack_settings
 
 LEDGERLM = [sys.executable, "-m", "ledgerlm.cli.main"]

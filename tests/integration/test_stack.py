@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgerlm.settings import Settings
+from plumbing.settings import Settings
 from ledgerlm.stack import Stack, alive, read_stack, stack_file, write_stack
 
 

@@ -5,7 +5,7 @@ import uuid
 import psycopg
 from aiokafka import TopicPartition
 
-from consumers.kafka.clients import make_consumer
+from plumbing.kafka.clients import make_consumer
 from producers.api_keys import authenticate
 from producers.tenant_admin import TenantExists, create_tenant
 from schemas.topics import TENANTS

@@ -2,7 +2,7 @@
 import asyncio
 import uuid
 
-from consumers.kafka.topic_admin import Drift, TopicAdmin
+from plumbing.kafka.topic_admin import Drift, TopicAdmin
 from schemas.topics import TOPICS, TopicSpec
 
 

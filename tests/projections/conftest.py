@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from consumers.kafka.clients import publish
-from ledgerlm.settings import Settings
+from plumbing.kafka.clients import publish
+from plumbing.settings import Settings
 from projections.lifecycle import LifecycleProjection
 from projections.runtime import Projector
 from projections.stream_buffer import StreamBufferProjection
@@ -100,7 +100,7 @@ async def projection_db(bootstrap, topics, scratch_database_url):
     Other tests and other processes (a running projector, the benchmarks) write to the same
     topics; starting at the end keeps their events out of this test's rows and counts.
     """
-    from consumers.kafka.clients import make_consumer, partitions_of
+    from plumbing.kafka.clients import make_consumer, partitions_of
     from projections.offsets import advance
     from projections.registry import all_projections
 

@@ -10,8 +10,8 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError
 
-from consumers.kafka.clients import make_producer, publish
-from ledgerlm.settings import Settings
+from plumbing.kafka.clients import make_producer, publish
+from plumbing.settings import Settings
 from projections.audit import audit_replay
 from projections.lifecycle import LifecycleProjection
 from projections.offsets import StaleOffset, load_offsets
@@ -132,7 +132,7 @@ async def test_audit_finds_a_tampered_row_and_exits_1(emit, bootstrap, scratch_d
 
 async def start_at_log_end(bootstrap: str, database_url: str, projection) -> None:
     """Store the current end offsets, so a scratch projector skips everything already in the log."""
-    from consumers.kafka.clients import make_consumer, partitions_of
+    from plumbing.kafka.clients import make_consumer, partitions_of
     from projections.offsets import advance
 
     consumer = make_consumer(bootstrap)

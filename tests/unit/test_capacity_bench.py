@@ -147,7 +147,7 @@ def test_kv_histogram_and_working_set_maths():
 
 def test_worker_metrics_parse_from_the_real_exposition():
     from engine.request import EngineStats
-    from ledgerlm.telemetry.metrics import WorkerMetrics, exposition
+    from plumbing.telemetry.metrics import WorkerMetrics, exposition
 
     stats = EngineStats(num_blocks_total=91, num_blocks_used=40, num_blocks_free=51, num_blocks_cached_free=3,
                         num_running=4, num_waiting=2, prefix_hit_tokens=0, num_preemptions=3, kv_bytes_per_token=1,

@@ -33,7 +33,7 @@ def test_untagged_and_malformed_ids_are_owned_by_nobody():
 def test_without_a_configured_secret_each_home_generates_its_own_key_kept_0600(tmp_path):
     from pydantic import SecretStr
 
-    from ledgerlm.settings import Settings
+    from plumbing.settings import Settings
 
     one, other = Settings(home=tmp_path / "a"), Settings(home=tmp_path / "b")
     key = one.generation_id_key()

@@ -57,7 +57,7 @@ def test_an_interrupted_generation_is_billed_at_its_last_watermark_and_labelled(
 
 
 def test_the_asyncapi_document_has_both_tenant_topics():
-    from consumers.kafka.clients import make_broker
+    from plumbing.kafka.clients import make_broker
 
     channels = asyncapi_document(make_broker("127.0.0.1:9"))["channels"]
     assert {"llm.requests.{tenant}:GenerationRequested", "llm.results.{tenant}:GenerationResult"} <= set(channels)

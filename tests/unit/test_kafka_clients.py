@@ -1,4 +1,4 @@
-"""One client factory: nothing but consumers/kafka/clients.py constructs a Kafka client, and it applies the
+"""One client factory: nothing but plumbing/kafka/clients.py constructs a Kafka client, and it applies the
 security settings to every one it makes."""
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from consumers.kafka.access import KafkaAccess, KafkaAccessError, KafkaPrincipal
-from consumers.kafka.clients import faststream_security, make_admin, make_consumer, make_producer
-from ledgerlm.settings import REPO_ROOT, Settings
+from plumbing.kafka.access import KafkaAccess, KafkaAccessError, KafkaPrincipal
+from plumbing.kafka.clients import faststream_security, make_admin, make_consumer, make_producer
+from plumbing.settings import REPO_ROOT, Settings
 
 CLIENTS = {"AIOKafkaProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient", "KafkaBroker"}
-FACTORY = Path("consumers/kafka/clients.py")
-SCANNED = ("consumers", "producers", "projections", "infra", "ledgerlm", "bench", "schemas", "migrations", "tests")
+FACTORY = Path("plumbing/kafka/clients.py")
+SCANNED = ("plumbing", "consumers", "producers", "projections", "infra", "ledgerlm", "bench", "schemas", "migrations", "tests")
 SASL = KafkaAccess("127.0.0.1:1", "SASL_PLAINTEXT", KafkaPrincipal("worker", SecretStr("s3cret-pw")))
 
 
@@ -36,7 +36,7 @@ def test_no_module_but_the_factory_constructs_a_kafka_client():
             if relative == FACTORY or ".venv" in relative.parts:
                 continue
             offenders += [f"{relative}:{line} {name}" for line, name in constructions(ast.parse(path.read_text()))]
-    assert offenders == [], "build clients with consumers.kafka.clients (make_producer/make_consumer/make_admin/" \
+    assert offenders == [], "build clients with plumbing.kafka.clients (make_producer/make_consumer/make_admin/" \
                             "make_broker) so they carry the security settings"
 
 

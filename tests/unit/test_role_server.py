@@ -6,7 +6,7 @@ import asyncio
 import httpx
 from prometheus_client import CollectorRegistry, Counter
 
-from ledgerlm.telemetry.server import Readiness, RoleServer
+from plumbing.telemetry.server import Readiness, RoleServer
 
 
 async def raw(port: int, request: bytes) -> bytes:

@@ -13,7 +13,7 @@ from aiokafka.admin import NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
-from consumers.kafka.clients import Kafka, make_admin
+from plumbing.kafka.clients import Kafka, make_admin
 from schemas.topics import TOPICS, TopicSpec
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from ledgerlm.telemetry.metrics import exposition
+from plumbing.telemetry.metrics import exposition
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import BaseModel
 
-from consumers.kafka.access import KafkaAccess
+from plumbing.kafka.access import KafkaAccess
 from schemas.codec import encode, record_headers, record_key
 
 # How long the broker holds a fetch that finds no new record. A record that arrives meanwhile answers the

@@ -7,7 +7,7 @@ import logging
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from consumers.kafka.clients import publish
+from plumbing.kafka.clients import publish
 from schemas.codec import DecodeError, decode
 from schemas.dead_letter import DeadLetter
 from schemas.envelope import Envelope

@@ -1,7 +1,7 @@
 """Consumer-group offsets set by hand."""
 from __future__ import annotations
 
-from consumers.kafka.clients import Kafka, make_consumer, partitions_of
+from plumbing.kafka.clients import Kafka, make_consumer, partitions_of
 
 
 async def move_group_to_end(kafka: Kafka, group: str, topic: str) -> None:

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from consumers.kafka.access import SaslMechanism, SecurityProtocol
+from plumbing.kafka.access import SaslMechanism, SecurityProtocol
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,7 +29,7 @@ class Settings(BaseSettings):
     kafka_bootstrap: str | None = None
     database_url: SecretStr | None = Field(default=None, description="libpq URL; may hold the password")
 
-    # -- how every Kafka client authenticates (consumers/kafka/access.py); the local broker's SASL listener
+    # -- how every Kafka client authenticates (plumbing/kafka/access.py); the local broker's SASL listener
     # takes SCRAM-SHA-256 with the credentials `infra up` generated, used when no password is set here --
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: SaslMechanism = "SCRAM-SHA-256"
@@ -175,7 +175,7 @@ class Settings(BaseSettings):
         if self.generation_id_secret is not None:
             return self.generation_id_secret.get_secret_value()
         if self._generated_id_key is None:
-            from infra.credentials import generated_secret
+            from plumbing.secrets import generated_secret
 
             self._generated_id_key = generated_secret(self.home / "credentials" / "generation-id-secret")
         return self._generated_id_key

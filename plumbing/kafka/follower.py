@@ -16,7 +16,7 @@ from typing import Literal
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 
-from consumers.kafka.clients import Kafka, make_consumer, partitions_of
+from plumbing.kafka.clients import Kafka, make_consumer, partitions_of
 from schemas.codec import DecodeError, decode
 from schemas.envelope import Envelope
 
