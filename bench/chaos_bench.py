@@ -5,7 +5,8 @@
     load:    a streaming client every 1/rate s, two tenants; each resumes with Last-Event-ID when cut
     faults:  one after another, `gap_s` apart, while the load runs (bench/chaos_faults.py)
     checks:  stuck, audit_differences, overbilled, duplicate_seqs, missing_seqs, unreleased_reservations,
-             lost_events (bench/chaos_checks.py)
+             lost_events (bench/chaos_checks.py); every violation behind a count, with its evidence and the
+             nearest fault, under `violations` (bench/chaos_violations.py)
 
 The stack is fresh every run (its log is short, so the replay audit is quick)
 and stopped at the end, whatever happened.
@@ -28,6 +29,7 @@ from bench import chaos_checks as checks
 from bench import chaos_faults as faults
 from bench.chaos_clients import ClientResult, SteadyLoad
 from bench.chaos_roles import Role, stop_all, supervise
+from bench.chaos_violations import place
 from infra.ports import free_port
 from infra.services import LocalServices
 from plumbing.settings import Settings
@@ -124,7 +126,8 @@ async def _run(config: ChaosConfig, settings: Settings, services: LocalServices,
         log.info("platform admitting seconds=%.1f", ready_s)
         target = faults.Plane(services, bootstrap, database_url, roles, new_worker)
         results, fault_log, probe = await load_under_faults(config, https, setup["model"], setup["prompts"], target)
-        report = await measure(config, settings, bootstrap, database_url, plane, setup, results, probe)
+        report = await measure(config, settings, bootstrap, database_url, plane, setup, results, probe,
+                                     fault_log)
     finally:
         stop_supervising.set()
         await supervisor
@@ -205,24 +208,35 @@ async def load_under_faults(config: ChaosConfig, https: list[httpx.AsyncClient],
 
 
 async def measure(config: ChaosConfig, settings: Settings, bootstrap: str, database_url: str, plane: str, setup: dict,
-                  results: list[ClientResult], probe: faults.Probe) -> dict:
+                  results: list[ClientResult], probe: faults.Probe, fault_log: faults.FaultLog) -> dict:
     from projections.audit import audit_replay
 
     log.info("load over generations=%d; checking", len(results))
-    stuck = await checks.count_stuck(database_url, results, config.settle_s)
+    stuck = await checks.find_stuck(database_url, results, config.settle_s)
     unreleased = await checks.wait_released(bootstrap, plane, setup["tenant_ids"], config.settle_s)
     events = await checks.generation_events(bootstrap)
-    overbilled = await asyncio.to_thread(checks.count_overbilled, database_url, results, events)
-    lost = checks.count_lost(probe.acked, await checks.read_log(bootstrap, faults.PROBE_TOPIC), results, events)
+    overbilled = await asyncio.to_thread(checks.find_overbilled, database_url, results, events)
+    lost = checks.find_lost(probe.acked, await checks.read_log(bootstrap, faults.PROBE_TOPIC), results, events)
     audit = await audit_replay(bootstrap, database_url, settings.model_copy(update={
         "kafka_bootstrap": bootstrap, "database_url": database_url}))
     ours = {r.generation_id for r in results if r.generation_id}
     run_events = [e for e in events if e.generation_id in ours]
+    violations = place({
+        "stuck": stuck, "overbilled": overbilled, "duplicate_seqs": checks.find_seq_faults(results, "duplicate"),
+        "missing_seqs": checks.find_seq_faults(results, "missing"), "unreleased_reservations": unreleased,
+        "lost_events": lost,
+        "audit_differences": [{"table": name, **diff} for name, diff in audit.as_dict()["tables"].items()],
+    }, results, fault_log.faults, fault_log.began)
+    for kind, found in violations.items():
+        for violation in found:
+            log.warning("violation kind=%s generation=%s nearest_fault=%s", kind, violation.get("generation_id"),
+                        (violation.get("nearest_fault") or {}).get("fault"))
     return {
-        "stuck": stuck, "audit_differences": audit.differences, "overbilled": overbilled,
+        "stuck": len(stuck), "audit_differences": audit.differences, "overbilled": len(overbilled),
         "duplicate_seqs": sum(r.duplicate_seqs for r in results),
         "missing_seqs": sum(r.missing_seqs for r in results),
-        "unreleased_reservations": unreleased, "lost_events": lost,
+        "unreleased_reservations": len(unreleased), "lost_events": len(lost),
+        "violations": {kind: found for kind, found in violations.items() if found},
         "generations": summarize_clients(results),
         "reports": {"usage_reports_on_log": sum(1 for e in run_events if e.type == "UsageReported"),
                     "terminal_events_on_log": sum(1 for e in run_events if e.type in checks.TERMINAL_TYPES),

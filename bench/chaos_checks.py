@@ -64,25 +64,27 @@ def decoded(topic: str, records: Iterable[LogRecord]) -> list:
 
 # -- stuck -------------------------------------------------------------------------------------
 
-async def count_stuck(database_url: str, clients: list[ClientResult], settle_s: float) -> int:
-    """Wait up to settle_s for every admitted generation to be terminal in Postgres; count the rest."""
+async def find_stuck(database_url: str, clients: list[ClientResult], settle_s: float) -> list[dict]:
+    """Wait up to settle_s for every admitted generation to be terminal in Postgres; each one that is not, or
+    whose client never got its final event, with its status there and what the client saw."""
     ids = [c.generation_id for c in clients if c.generation_id]
     deadline = time.monotonic() + settle_s
     while True:
-        open_ids = await asyncio.to_thread(_not_terminal, database_url, ids)
+        statuses = await asyncio.to_thread(_statuses, database_url, ids)
+        open_ids = {i for i in ids if statuses.get(i) not in TERMINAL_STATUSES}
         if not open_ids or time.monotonic() > deadline:
             break
         await asyncio.sleep(1.0)
-    unfinished = {c.generation_id for c in clients if c.generation_id and c.final is None}
-    return len(set(open_ids) | unfinished)
+    return [{"generation_id": c.generation_id, "status": statuses.get(c.generation_id), "client_final": c.final,
+             "client_last_seq": c.last_seq, "client_errors": c.errors}
+            for c in clients if c.generation_id and (c.generation_id in open_ids or c.final is None)]
 
 
-def _not_terminal(database_url: str, ids: list[str]) -> list[str]:
+def _statuses(database_url: str, ids: list[str]) -> dict[str, str]:
     with psycopg.connect(database_url) as conn:
-        rows = conn.execute("SELECT generation_id FROM generations WHERE generation_id = ANY(%s) AND status = ANY(%s)",
-                            (ids, list(TERMINAL_STATUSES))).fetchall()
-    done = {row[0] for row in rows}
-    return [i for i in ids if i not in done]
+        rows = conn.execute("SELECT generation_id, status FROM generations WHERE generation_id = ANY(%s)",
+                            (ids,)).fetchall()
+    return dict(rows)
 
 
 # -- billing -----------------------------------------------------------------------------------
@@ -90,6 +92,7 @@ def _not_terminal(database_url: str, ids: list[str]) -> list[str]:
 @dataclass(frozen=True)
 class FinalWatermark:
     terminal: str  # type of the first terminal event
+    epoch: int
     processed_input_tokens: int
     generated_output_tokens: int
 
@@ -108,64 +111,92 @@ def final_watermarks(events: list) -> dict[str, FinalWatermark]:
             marks[key] = (max(old[0], event.usage.processed_input_tokens),
                           max(old[1], event.usage.generated_output_tokens))
         elif event.type in TERMINAL_TYPES:
-            mark = marks.get((event.generation_id, getattr(event, "epoch", None) or 0), (0, 0))
-            finals[event.generation_id] = FinalWatermark(event.type, *mark)
+            epoch = getattr(event, "epoch", None) or 0
+            finals[event.generation_id] = FinalWatermark(event.type, epoch,
+                                                         *marks.get((event.generation_id, epoch), (0, 0)))
     return finals
 
 
-def count_overbilled(database_url: str, clients: list[ClientResult], generation_events: list) -> int:
+def find_overbilled(database_url: str, clients: list[ClientResult], generation_events: list) -> list[dict]:
+    """Bills above what the client received, or (completed) other than the final watermark on the log."""
     by_id = {c.generation_id: c for c in clients if c.generation_id}
     # Read partition by partition, each in log order; one generation lives in one partition.
     finals = final_watermarks(generation_events)
     with psycopg.connect(database_url) as conn:
         rows = conn.execute(
-            "SELECT generation_id, billed_input_tokens, billed_output_tokens FROM billing_ledger "
-            "WHERE generation_id = ANY(%s)", (list(by_id),)).fetchall()
-    overbilled = 0
-    for generation_id, billed_input, billed_output in rows:
+            "SELECT generation_id, end_reason, usage_label, epoch, billed_input_tokens, billed_output_tokens "
+            "FROM billing_ledger WHERE generation_id = ANY(%s)", (list(by_id),)).fetchall()
+    found = []
+    for generation_id, end_reason, label, epoch, billed_input, billed_output in rows:
         final = finals.get(generation_id)
+        received = by_id[generation_id].tokens
         completed = final is not None and final.terminal == "Completed"
-        if billed_output > by_id[generation_id].tokens or (completed and (billed_input, billed_output) != (
-                final.processed_input_tokens, final.generated_output_tokens)):
-            overbilled += 1
-    return overbilled
+        off_watermark = completed and (billed_input, billed_output) != (
+            final.processed_input_tokens, final.generated_output_tokens)
+        if billed_output > received or off_watermark:
+            found.append({
+                "generation_id": generation_id, "why": "above_received" if billed_output > received else
+                "off_final_watermark", "end_reason": end_reason, "usage_label": label, "epoch": epoch,
+                "billed_input": billed_input, "billed_output": billed_output, "client_received_tokens": received,
+                "client_final": by_id[generation_id].final,
+                "final_watermark": None if final is None else final.__dict__})
+    return found
 
 
 # -- reservations ------------------------------------------------------------------------------
 
-def count_unreleased(changelog: list, plane: str, tenant_ids: set[str]) -> int:
+def find_unreleased(changelog: list, plane: str, tenant_ids: set[str]) -> list[dict]:
+    """Tenant budgets still holding something and generations not `ended`, from the latest changelog records."""
     latest: dict[str, object] = {}
     for event in changelog:
         if getattr(event, "plane", None) == plane and event.tenant_id in tenant_ids:
             latest[event.changelog_key] = event
-    unreleased = 0
+    found = []
     for event in latest.values():
-        if event.type == "TenantBudgetState":
-            unreleased += int(bool(event.tokens_in_flight or event.concurrency or event.queued_tokens))
-        elif event.type == "IdentityRecorded":
-            unreleased += int(event.status != "ended")
-    return unreleased
+        if event.type == "TenantBudgetState" and (event.tokens_in_flight or event.concurrency or event.queued_tokens):
+            found.append({"tenant_id": event.tenant_id, "tokens_in_flight": event.tokens_in_flight,
+                          "concurrency": event.concurrency, "queued_tokens": event.queued_tokens})
+        elif event.type == "IdentityRecorded" and event.status != "ended":
+            found.append({"generation_id": event.generation_id, "status": event.status, "epoch": event.epoch,
+                          "worker_id": event.worker_id, "reserved_tokens": event.reserved_tokens})
+    return found
 
 
-async def wait_released(bootstrap: str, plane: str, tenant_ids: set[str], settle_s: float) -> int:
+async def wait_released(bootstrap: str, plane: str, tenant_ids: set[str], settle_s: float) -> list[dict]:
     deadline = time.monotonic() + settle_s
     while True:
-        unreleased = count_unreleased(decoded(CONTROL_CHANGELOG, await read_log(bootstrap, CONTROL_CHANGELOG)),
-                                      plane, tenant_ids)
-        if unreleased == 0 or time.monotonic() > deadline:
+        unreleased = find_unreleased(decoded(CONTROL_CHANGELOG, await read_log(bootstrap, CONTROL_CHANGELOG)),
+                                     plane, tenant_ids)
+        if not unreleased or time.monotonic() > deadline:
             return unreleased
         await asyncio.sleep(1.0)
 
 
+# -- streams -----------------------------------------------------------------------------------
+
+def find_seq_faults(clients: list[ClientResult], kind: str) -> list[dict]:
+    """Clients that saw a seq twice (`duplicate`) or never (`missing`), with the seqs."""
+    found = []
+    for c in clients:
+        count = c.duplicate_seqs if kind == "duplicate" else c.missing_seqs
+        if count:
+            found.append({"generation_id": c.generation_id, "count": count, "last_seq": c.last_seq,
+                          "final_seq": c.final["seq"] if c.final else None, "resumes": c.resumes,
+                          "seqs": sorted(c.duplicated if kind == "duplicate" else c.missing)[:50]})
+    return found
+
+
 # -- lost events -------------------------------------------------------------------------------
 
-def count_lost(acked: list[LogRecord], probe_log: list[LogRecord], clients: list[ClientResult],
-               generation_events: list) -> int:
+def find_lost(acked: list[LogRecord], probe_log: list[LogRecord], clients: list[ClientResult],
+              generation_events: list) -> list[dict]:
     present = {(r.partition, r.offset, r.key) for r in probe_log}
-    lost_probes = sum(1 for r in acked if (r.partition, r.offset, r.key) not in present)
+    lost = [{"probe_partition": r.partition, "probe_offset": r.offset, "probe_key": r.key.decode()}
+            for r in acked if (r.partition, r.offset, r.key) not in present]
     admitted_on_log = {e.generation_id for e in generation_events if e.type == "Admitted"}
-    lost_admissions = sum(1 for c in clients if c.generation_id and c.generation_id not in admitted_on_log)
-    return lost_probes + lost_admissions
+    return lost + [{"generation_id": c.generation_id, "why": "admitted without Admitted on the log",
+                    "admitted_status": c.admitted_status}
+                   for c in clients if c.generation_id and c.generation_id not in admitted_on_log]
 
 
 async def generation_events(bootstrap: str) -> list:

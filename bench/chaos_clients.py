@@ -26,17 +26,24 @@ class ClientResult:
     admitted_status: int | None = None
     last_seq: int = 0
     seen_seqs: set[int] = field(default_factory=set)
+    duplicated: set[int] = field(default_factory=set)  # seqs seen more than once
     duplicate_seqs: int = 0
     tokens: int = 0
     final: dict | None = None
     resumes: int = 0
     errors: list[str] = field(default_factory=list)
+    started_at: float = field(default_factory=time.monotonic)  # monotonic, like the fault log's instants
+    ended_at: float | None = None
+
+    @property
+    def missing(self) -> list[int]:
+        """Seqs before the final one this client never saw (all of them if it never got the final)."""
+        end = self.final["seq"] if self.final else self.last_seq + 1
+        return [seq for seq in range(1, end) if seq not in self.seen_seqs]
 
     @property
     def missing_seqs(self) -> int:
-        """Seqs before the final one this client never saw (all of them if it never got the final)."""
-        end = self.final["seq"] if self.final else self.last_seq + 1
-        return sum(1 for seq in range(1, end) if seq not in self.seen_seqs)
+        return len(self.missing)
 
 
 class StreamingClient:
@@ -51,6 +58,7 @@ class StreamingClient:
                 await self._follow()
         except Exception as exc:  # one broken client is reported, it must not end the run
             self.result.errors.append(type(exc).__name__)
+        self.result.ended_at = time.monotonic()
         return self.result
 
     async def _submit(self) -> bool:
@@ -121,6 +129,7 @@ class StreamingClient:
         seq = event["seq"]
         if seq in self.result.seen_seqs:
             self.result.duplicate_seqs += 1
+            self.result.duplicated.add(seq)
             return
         self.result.seen_seqs.add(seq)
         self.result.last_seq = max(self.result.last_seq, seq)

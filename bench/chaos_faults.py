@@ -37,8 +37,10 @@ class FaultLog:
     faults: list[dict] = field(default_factory=list)
     began: float = field(default_factory=time.monotonic)
 
-    def add(self, kind: str, **details: object) -> None:
-        self.faults.append({"fault": kind, "at_s": round(time.monotonic() - self.began, 1), **details})
+    def add(self, kind: str, began: float, **details: object) -> None:
+        """A fault that ran from `began` (monotonic) until now: `began_s` and `at_s` (its end) on the run's clock."""
+        self.faults.append({"fault": kind, "began_s": round(began - self.began, 1),
+                            "at_s": round(time.monotonic() - self.began, 1), **details})
         log.info("fault done %s", self.faults[-1])
 
 
@@ -57,19 +59,21 @@ async def kill_worker(plane: Plane, journal: FaultLog) -> None:
     """kill -9 the worker with its attempts in flight and start another: until the new one has loaded its model
     and heartbeated, admissions are 503 and clients retry."""
     old, replacement = plane.roles["worker"], plane.new_worker()
+    began = time.monotonic()
     old.kill9()
     replacement.crash_restarts = old.crash_restarts
     plane.roles["worker"] = replacement.start()
-    journal.add("worker_kill9", killed=old.args[-1], replacement=replacement.args[-1])
+    journal.add("worker_kill9", began, killed=old.args[-1], replacement=replacement.args[-1])
 
 
 async def kill_broker(plane: Plane, journal: FaultLog, down_s: float) -> None:
     index = await leader_of(plane.bootstrap, GENERATIONS, 0)
+    killed_at = time.monotonic()
     killed = await asyncio.to_thread(plane.services.kill_broker, index)
     await asyncio.sleep(down_s)
     began = time.monotonic()
     await asyncio.to_thread(plane.services.start_broker, index)
-    journal.add("broker_kill9", broker=index, killed=killed, down_s=down_s,
+    journal.add("broker_kill9", killed_at, broker=index, killed=killed, down_s=down_s,
                restart_s=round(time.monotonic() - began, 1))
 
 
@@ -95,15 +99,15 @@ async def restart_postgres(plane: Plane, journal: FaultLog) -> None:
         state.save(settings.state_file)
 
     await asyncio.to_thread(restart)
-    journal.add("postgres_restart", seconds=round(time.monotonic() - began, 1))
+    journal.add("postgres_restart", began, seconds=round(time.monotonic() - began, 1))
 
 
 async def kill_projector(plane: Plane, journal: FaultLog) -> None:
-    projector = plane.roles["projector"]
+    projector, began = plane.roles["projector"], time.monotonic()
     projector.kill9()
     await asyncio.sleep(1.0)
     projector.start()
-    journal.add("projector_kill9")
+    journal.add("projector_kill9", began)
 
 
 async def rebuild_projections(plane: Plane, journal: FaultLog) -> None:
@@ -113,7 +117,7 @@ async def rebuild_projections(plane: Plane, journal: FaultLog) -> None:
     began = time.monotonic()
     await asyncio.to_thread(recreate_database, plane.database_url)
     projector.start()
-    journal.add("projections_dropped_and_rebuilt", recreate_s=round(time.monotonic() - began, 1))
+    journal.add("projections_dropped_and_rebuilt", began, recreate_s=round(time.monotonic() - began, 1))
 
 
 def recreate_database(database_url: str) -> None:
@@ -126,6 +130,7 @@ def recreate_database(database_url: str) -> None:
 
 async def inject_usage(plane: Plane, journal: FaultLog, generation_ids: set[str], limit: int = 5) -> int:
     """Duplicate and late usage reports for up to `limit` ended generations of the run; returns how many."""
+    began = time.monotonic()
     events = await generation_events(plane.bootstrap)
     ended = {e.generation_id for e in events if e.type in TERMINAL_TYPES} & generation_ids
     reports = [e for e in events if e.type == "UsageReported" and e.generation_id in ended]
@@ -148,7 +153,8 @@ async def inject_usage(plane: Plane, journal: FaultLog, generation_ids: set[str]
                 injected += 1
     finally:
         await producer.stop()
-    journal.add("usage_duplicates_and_late", generations=len(chosen), reports=injected)
+    journal.add("usage_duplicates_and_late", began, generations=len(chosen), reports=injected,
+                generation_ids=[r.generation_id for r in chosen])
     return injected
 
 
