@@ -33,7 +33,7 @@ from bench.chaos_violations import place
 from infra.ports import free_port
 from infra.services import LocalServices
 from plumbing.settings import Settings
-from schemas.topics import DAY_MS, TopicSpec
+from schemas.topics import DAY_MS, TOKENS, TopicSpec
 
 PROBE_SPEC = TopicSpec(faults.PROBE_TOPIC, "key", (), "delete", DAY_MS, partitions=3, min_insync_replicas=2,
                        description="acks=all probe records of the chaos run")
@@ -215,7 +215,8 @@ async def measure(config: ChaosConfig, settings: Settings, bootstrap: str, datab
     stuck = await checks.find_stuck(database_url, results, config.settle_s)
     unreleased = await checks.wait_released(bootstrap, plane, setup["tenant_ids"], config.settle_s)
     events = await checks.generation_events(bootstrap)
-    overbilled = await asyncio.to_thread(checks.find_overbilled, database_url, results, events)
+    streamed = checks.streamed_on_log(checks.decoded(TOKENS, await checks.read_log(bootstrap, TOKENS)))
+    overbilled = await asyncio.to_thread(checks.find_overbilled, database_url, results, events, streamed)
     lost = checks.find_lost(probe.acked, await checks.read_log(bootstrap, faults.PROBE_TOPIC), results, events)
     audit = await audit_replay(bootstrap, database_url, settings.model_copy(update={
         "kafka_bootstrap": bootstrap, "database_url": database_url}))

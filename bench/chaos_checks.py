@@ -117,8 +117,23 @@ def final_watermarks(events: list) -> dict[str, FinalWatermark]:
     return finals
 
 
-def find_overbilled(database_url: str, clients: list[ClientResult], generation_events: list) -> list[dict]:
-    """Bills above what the client received, or (completed) other than the final watermark on the log."""
+def streamed_on_log(token_events: list) -> dict[tuple[str, int], int]:
+    """(generation, epoch) -> output tokens its stream events on `llm.tokens` carry (each seq counted once)."""
+    seen: dict[tuple[str, int, int], int] = {}
+    for event in token_events:
+        if event.type == "TokensEmitted":
+            seen[(event.generation_id, event.epoch, event.seq)] = len(event.token_ids)
+    streamed: dict[tuple[str, int], int] = {}
+    for (generation_id, epoch, _), count in seen.items():
+        streamed[(generation_id, epoch)] = streamed.get((generation_id, epoch), 0) + count
+    return streamed
+
+
+def find_overbilled(database_url: str, clients: list[ClientResult], generation_events: list,
+                    streamed: dict[tuple[str, int], int]) -> list[dict]:
+    """Bills above what the client received, or (completed) other than the final watermark on the log; with
+    what the log's stream holds for the billed epoch (fewer: the watermark counted tokens that never reached
+    the log; more: the client was not given all of them)."""
     by_id = {c.generation_id: c for c in clients if c.generation_id}
     # Read partition by partition, each in log order; one generation lives in one partition.
     finals = final_watermarks(generation_events)
@@ -138,6 +153,7 @@ def find_overbilled(database_url: str, clients: list[ClientResult], generation_e
                 "generation_id": generation_id, "why": "above_received" if billed_output > received else
                 "off_final_watermark", "end_reason": end_reason, "usage_label": label, "epoch": epoch,
                 "billed_input": billed_input, "billed_output": billed_output, "client_received_tokens": received,
+                "tokens_on_log": streamed.get((generation_id, epoch), 0),
                 "client_final": by_id[generation_id].final,
                 "final_watermark": None if final is None else final.__dict__})
     return found

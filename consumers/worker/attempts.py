@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+from consumers.worker.reports import StreamDeliveries
 from engine.request import EngineRequest, FinishReason, RequestOutput, StructuredOutput
 from engine.request import SamplingParams as EngineSampling
 from engine.request import TokenLogprob as EngineLogprob
@@ -150,6 +151,7 @@ class Attempt:
     pending_prompt_logprobs: list[TokenLogprob] | None = None
     emitted_tokens: int = 0
     flushed_at: float = 0.0
+    deliveries: StreamDeliveries = field(default_factory=StreamDeliveries)  # stream events a watermark waits for
     # Monotonic instants for the latency metrics: admitted by the controller, accepted here, last token out,
     # cancel ordered by the controller.
     admitted_at: float = field(default_factory=time.monotonic)

@@ -85,6 +85,7 @@ class Worker:
         self.stopped = asyncio.Event()
         self._thread: EngineThread | None = None
         self._finishing: set[asyncio.Task] = set()
+        self._reports: set[asyncio.Task] = set()  # watermarks waiting for their stream events' acknowledgements
         self._buffered = asyncio.Event()  # some attempt holds tokens not yet in a stream event
         self.waiting = WaitingQueue()  # accepted attempts waiting for KV room
         self._failure: BaseException | None = None
@@ -136,9 +137,21 @@ class Worker:
         return await self.producer.send(topic, value=encode(event), key=record_key(topic, event),
                                         headers=record_headers(event))
 
-    async def send_for(self, attempt: Attempt, topic: str, event) -> None:
+    async def send_for(self, attempt: Attempt, topic: str, event) -> asyncio.Future | None:
         """A record of a running attempt, watched: if it is not delivered, the attempt is given up."""
-        await watched(self.send, topic, event, lambda exc: self.give_up(attempt, f"undelivered {event.type}", exc))
+        return await watched(self.send, topic, event,
+                             lambda exc: self.give_up(attempt, f"undelivered {event.type}", exc))
+
+    async def report_usage(self, attempt: Attempt, now: float) -> None:
+        """A watermark of what the stream has carried, sent once those stream events are on the log (reports.py)."""
+        await self.flush(attempt, now)
+        report = UsageReported(**attempt.scoped, report_seq=attempt.next_report(now), usage=attempt.usage)
+
+        async def send() -> None:
+            if not attempt.fenced:  # given up meanwhile: nothing more is published for it
+                await self.send_for(attempt, GENERATIONS, report)
+
+        await attempt.deliveries.report(send, self._reports)
 
     def give_up(self, attempt: Attempt, why: str, exc: BaseException | None = None) -> None:
         """Stop a running attempt and name it in the heartbeats (`fenced`): the controller ends it Interrupted at
@@ -321,16 +334,14 @@ class Worker:
         if attempt.seq == 0 or (now - attempt.flushed_at) * 1000 >= self.settings.stream_flush_ms:
             await self.flush(attempt, now)  # the first token goes out at once: it is the TTFT
         if attempt.report_due(self.settings.usage_report_tokens, self.settings.usage_report_ms, now):
-            await self.flush(attempt, now)  # a watermark never counts tokens the stream has not carried
-            await self.send_for(attempt, GENERATIONS, UsageReported(
-                **attempt.scoped, report_seq=attempt.next_report(now), usage=attempt.usage))
+            await self.report_usage(attempt, now)
 
     async def flush(self, attempt: Attempt, now: float) -> None:
         """One stream event for the tokens buffered since the last one."""
         if attempt.has_pending:
             for fields in attempt.take_pending(now):
-                await self.send_for(attempt, TOKENS, TokensEmitted(**attempt.scoped, seq=attempt.next_seq(),
-                                                                   **fields))
+                attempt.deliveries.add(await self.send_for(attempt, TOKENS, TokensEmitted(
+                    **attempt.scoped, seq=attempt.next_seq(), **fields)))
 
     async def _flusher(self) -> None:
         """Buffered tokens of a stream that produced nothing new for a while still go out."""
@@ -371,6 +382,7 @@ class Worker:
         watermark = UsageReported(**attempt.scoped, report_seq=attempt.next_report(time.monotonic()), usage=usage)
         terminal = terminal_event(kind, attempt.scoped, finish_reason, usage)
         try:
+            await attempt.deliveries.settled()  # the end bills the whole stream: all of it on the log first
             await asyncio.gather(*[await self.send(GENERATIONS, watermark), await self.send(GENERATIONS, terminal)])
             await acked(self.send, TOKENS, StreamFinished(**attempt.scoped, seq=attempt.next_seq(), reason=end_reason,
                                                           usage=usage))
@@ -475,7 +487,7 @@ class Worker:
             for task in done:
                 task.result()
         finally:
-            for task in tasks:
+            for task in [*tasks, *self._reports]:
                 task.cancel()
             heartbeats.cancel()
             if self._finishing:  # ends already computed are still written

@@ -21,16 +21,19 @@ async def acked(send: Send, topic: str, event: Envelope) -> None:
     await (await send(topic, event))
 
 
-async def watched(send: Send, topic: str, event: Envelope, on_failure: Callable[[BaseException], None]) -> None:
-    """Send without waiting for the acknowledgement; `on_failure(error)` if the send or the delivery fails."""
+async def watched(send: Send, topic: str, event: Envelope,
+                  on_failure: Callable[[BaseException], None]) -> asyncio.Future | None:
+    """Send without waiting for the acknowledgement; `on_failure(error)` if the send or the delivery fails.
+    Returns the delivery (None when the send failed at once)."""
     try:
         delivery = await send(topic, event)
     except Exception as exc:
         on_failure(exc)
-        return
+        return None
 
     def delivered(future: asyncio.Future) -> None:
         if not future.cancelled() and future.exception() is not None:
             on_failure(future.exception())
 
     delivery.add_done_callback(delivered)
+    return delivery

@@ -102,3 +102,15 @@ def test_repeat_must_be_at_least_one(text):
 
     with pytest.raises(argparse.ArgumentTypeError):
         positive(text)
+
+
+def test_the_stream_on_the_log_counts_each_seq_of_an_epoch_once():
+    from bench.chaos_checks import streamed_on_log
+    from schemas.stream import TokensEmitted
+
+    def tokens(epoch: int, seq: int, n: int) -> TokensEmitted:
+        return TokensEmitted(tenant_id="t", generation_id="g", epoch=epoch, seq=seq, token_ids=(7,) * n, text_delta="x",
+                             token_count=n)
+
+    events = [tokens(1, 1, 2), tokens(1, 2, 3), tokens(1, 2, 3), tokens(2, 1, 4)]  # seq 2 written twice
+    assert streamed_on_log(events) == {("g", 1): 5, ("g", 2): 4}
