@@ -69,41 +69,41 @@ async def billed_and_delivered(bootstrap: str, database: str, gen_id: str, since
             "terminals": [e.type for e in lifecycle if e.type in ("Completed", "Interrupted")]}
 
 
+async def run_held(gateway, start_worker, tenants, bootstrap, model_dir, role: str, max_output: int,
+                   until) -> tuple[str, object]:
+    """A generation on a worker of its own whose stream events after HELD_AFTER_SEQ are held until `until(attempt)`,
+    then fail; returns its id and the bridge's view once the stream has ended."""
+    version = await own_version(bootstrap, model_dir, gateway, role)
+    worker = await start_worker(version, usage_report_tokens=4, usage_report_ms=60_000, stream_flush_ms=0)
+    held = HeldStream(worker, HELD_AFTER_SEQ)
+    gen_id = await admit(gateway, tenants["main"].headers, model=version, maxOutputTokens=max_output)
+    await wait_until(lambda: (a := worker.find(gen_id)) and until(a), 30, what=f"{role}: the moment to fail")
+    held.expire()
+    view = await wait_until(lambda: (v := gateway.gateway.bridge.view(gen_id)) and v.final and v, 30,
+                            what="the stream's end")
+    return gen_id, view
+
+
+EXPECTED = {"end_reason": "interrupted", "usage_label": "interrupted", "billed_output": 4,
+            "delivered": HELD_AFTER_SEQ, "highest_watermark": 4, "terminals": ["Interrupted"]}
+
+
 async def test_a_watermark_waits_for_the_stream_events_it_counts_so_a_lost_batch_is_never_billed(
         gateway, start_worker, controller, tenants, bootstrap, model_dir, scratch_database):
     since_ms = int(time.time() * 1000) - 1000
-    version = await own_version(bootstrap, model_dir, gateway, "held-stream")
-    worker = await start_worker(version, usage_report_tokens=4, usage_report_ms=60_000, stream_flush_ms=0)
-    held = HeldStream(worker, HELD_AFTER_SEQ)
-    gen_id = await admit(gateway, tenants["main"].headers, model=version, maxOutputTokens=480)
     # Reports are due at 4, 8 and 12 tokens; the last two count tokens that are held.
-    await wait_until(lambda: (a := worker.find(gen_id)) and a.report_seq >= 3, 30, what="three reports due")
-    held.expire()
-
-    view = await wait_until(lambda: (v := gateway.gateway.bridge.view(gen_id)) and v.final and v, 30,
-                            what="the stream's end")
+    gen_id, view = await run_held(gateway, start_worker, tenants, bootstrap, model_dir, "held-stream", 480,
+                                  lambda attempt: attempt.report_seq >= 3)
     assert (view.final.reason, len(view.tokens)) == ("interrupted", HELD_AFTER_SEQ)
     assert view.final.usage.generated_output_tokens == 4  # the one watermark whose tokens all reached the log
-    found = await billed_and_delivered(bootstrap, scratch_database, gen_id, since_ms)
-    assert found == {"end_reason": "interrupted", "usage_label": "interrupted", "billed_output": 4,
-                     "delivered": HELD_AFTER_SEQ, "highest_watermark": 4, "terminals": ["Interrupted"]}
+    assert await billed_and_delivered(bootstrap, scratch_database, gen_id, since_ms) == EXPECTED
 
 
 async def test_an_attempt_ends_only_after_its_stream_events_are_on_the_log(
         gateway, start_worker, controller, tenants, bootstrap, model_dir, scratch_database):
     since_ms = int(time.time() * 1000) - 1000
-    version = await own_version(bootstrap, model_dir, gateway, "held-end")
-    worker = await start_worker(version, usage_report_tokens=4, usage_report_ms=60_000, stream_flush_ms=0)
-    held = HeldStream(worker, HELD_AFTER_SEQ)
-    gen_id = await admit(gateway, tenants["main"].headers, model=version, maxOutputTokens=10)
     # The engine is done with all 10 tokens; 7-10 are held, so the attempt's end must wait for them.
-    await wait_until(lambda: (a := worker.find(gen_id)) and a.finishing, 30, what="the engine's end")
-    await asyncio.sleep(0)  # the end task runs up to its first wait
-    held.expire()
-
-    view = await wait_until(lambda: (v := gateway.gateway.bridge.view(gen_id)) and v.final and v, 30,
-                            what="the stream's end")
+    gen_id, view = await run_held(gateway, start_worker, tenants, bootstrap, model_dir, "held-end", 10,
+                                  lambda attempt: attempt.finishing)
     assert (view.final.reason, len(view.tokens)) == ("interrupted", HELD_AFTER_SEQ)
-    found = await billed_and_delivered(bootstrap, scratch_database, gen_id, since_ms)
-    assert found == {"end_reason": "interrupted", "usage_label": "interrupted", "billed_output": 4,
-                     "delivered": HELD_AFTER_SEQ, "highest_watermark": 4, "terminals": ["Interrupted"]}
+    assert await billed_and_delivered(bootstrap, scratch_database, gen_id, since_ms) == EXPECTED
