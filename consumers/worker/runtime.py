@@ -2,8 +2,9 @@
 
     llm.dispatch[partition of worker id] ─▶ StartAttempt: reserve KV or refuse ─▶ AttemptStarted
                                           ─▶ CancelAttempt(epoch) / DrainWorker
-    engine thread outputs ─▶ TokensEmitted (seq from 1) and UsageReported every N tokens / T ms
-    end ─▶ final UsageReported + terminal event, acknowledged ─▶ StreamFinished ─▶ ReleaseReservation
+    engine thread outputs ─▶ TokensEmitted (seq from 1) and UsageReported every N tokens / T ms, each sent once
+                             the TokensEmitted it counts are acknowledged (reports.py)
+    end ─▶ stream acked ─▶ final UsageReported + terminal, acked ─▶ StreamFinished ─▶ ReleaseReservation
     every heartbeat interval ─▶ WorkerHeartbeat (incarnation, attempts held); no acknowledged heartbeat for
                                 a lease ─▶ self-fence; an attempt past max_attempt_s + a lease ─▶ given up
 
