@@ -71,16 +71,19 @@ async def billed_and_delivered(bootstrap: str, database: str, gen_id: str, since
 
 async def run_held(gateway, start_worker, tenants, bootstrap, model_dir, role: str, max_output: int,
                    until) -> tuple[str, object]:
-    """A generation on a worker of its own whose stream events after HELD_AFTER_SEQ are held until `until(attempt)`,
-    then fail; returns its id and the bridge's view once the stream has ended."""
+    """A generation on a worker of its own whose stream events after HELD_AFTER_SEQ are held until `until(attempt)`
+    holds and the first watermark (4 tokens, all delivered) is on the log, then fail; returns its id and the
+    bridge's view once the stream has ended."""
     version = await own_version(bootstrap, model_dir, gateway, role)
     worker = await start_worker(version, usage_report_tokens=4, usage_report_ms=60_000, stream_flush_ms=0)
     held = HeldStream(worker, HELD_AFTER_SEQ)
     gen_id = await admit(gateway, tenants["main"].headers, model=version, maxOutputTokens=max_output)
-    await wait_until(lambda: (a := worker.find(gen_id)) and until(a), 30, what=f"{role}: the moment to fail")
+    bridge = gateway.gateway.bridge
+    await wait_until(lambda: (a := worker.find(gen_id)) and until(a) and (v := bridge.view(gen_id))
+                     and v.usage.get(1) and v.usage[1].generated_output_tokens >= 4, 30,
+                     what=f"{role}: the moment to fail")
     held.expire()
-    view = await wait_until(lambda: (v := gateway.gateway.bridge.view(gen_id)) and v.final and v, 30,
-                            what="the stream's end")
+    view = await wait_until(lambda: (v := bridge.view(gen_id)) and v.final and v, 30, what="the stream's end")
     return gen_id, view
 
 
