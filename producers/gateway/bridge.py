@@ -35,6 +35,10 @@ from schemas.values import Usage
 KEEP_ENDED_S = 300.0
 # A worker-ended generation's StreamFinished follows its terminal event; wait this long before writing our own.
 FINAL_GRACE_S = 2.0
+# An interrupted stream whose last watermark counts tokens this bridge has not read yet (llm.tokens read behind
+# llm.generations, e.g. while a broker is back from an outage) waits this long for them before it ends: the
+# worker sends a watermark only once the tokens it counts are on the log, so they are coming.
+WATERMARK_WAIT_S = 15.0
 
 STATUS_OF_TERMINAL = {"Completed": "completed", "Canceled": "canceled", "Interrupted": "interrupted",
                       "Expired": "expired", "Failed": "failed", "Rejected": "rejected"}
@@ -87,6 +91,11 @@ class GenerationView:
     def notify(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()
+
+    def covers_watermark(self) -> bool:
+        """The current epoch's stream holds every token its latest usage watermark counts."""
+        billed = self.usage.get(self.current_epoch, Usage()).generated_output_tokens
+        return sum(len(t.token_ids) for t in self.tokens) >= billed
 
     @property
     def text(self) -> str:
@@ -154,6 +163,8 @@ class StreamBridge:
             if event.epoch not in view.dead_epochs and event.epoch not in view.finals:
                 if not stream or event.seq > stream[-1].seq:
                     stream.append(event)
+                if view.terminal is not None and view.final is None and self.caught_up and view.covers_watermark():
+                    self._end_without_worker(view)
         elif isinstance(event, StreamFinished):
             if event.epoch not in view.dead_epochs and event.epoch not in view.finals:
                 view.finals[event.epoch] = FinalEvent(event.reason, event.usage, event.usage_label, event.seq)
@@ -192,9 +203,10 @@ class StreamBridge:
         view.status = STATUS_OF_TERMINAL[type(event).__name__]
         if isinstance(event, (Completed, Canceled, Expired, Failed)):
             view.usage[view.current_epoch] = event.usage
-        elif self.caught_up:
+        elif self.caught_up and view.covers_watermark():
             self._end_without_worker(view)
-        # else replaying: llm.tokens may lag this topic, so the stream's last seq is not known yet (the sweep ends it)
+        # else replaying, or the watermark counts tokens not read yet: llm.tokens may lag this topic, so the
+        # stream's last seq is not known yet (the next token event or the sweep ends it)
 
     def _end_without_worker(self, view: GenerationView) -> None:
         """The final event of an interrupted or rejected generation, which no worker writes."""
@@ -221,7 +233,8 @@ class StreamBridge:
         for gen_id, view in list(self.views.items()):
             if view.terminal_at is None or not self.caught_up:
                 continue
-            if view.final is None and now - view.terminal_at > FINAL_GRACE_S:
+            waited = now - view.terminal_at
+            if view.final is None and waited > FINAL_GRACE_S and (view.covers_watermark() or waited > WATERMARK_WAIT_S):
                 self._end_without_worker(view)
                 if view.final is None:
                     name = type(view.terminal).__name__

@@ -50,3 +50,27 @@ def test_a_live_interrupt_ends_at_once_and_later_tokens_of_its_epoch_are_ignored
     view = bridge.view(gen_id)
     assert (view.final.reason, view.final.seq) == ("interrupted", 3)
     assert [t.seq for t in view.tokens] == [1, 2]
+
+
+def test_a_live_interrupt_read_before_the_tokens_its_watermark_counts_waits_for_them():
+    """The worker sends a watermark only once its tokens are on the log, but this bridge may read llm.tokens
+    behind llm.generations: ending at the Interrupted would bill the client for tokens it never got."""
+    from schemas.values import Usage
+
+    clock = Clock()
+    bridge = StreamBridge("unused:9092", clock=clock)
+    bridge.follower.caught_up.set()
+    gen_id, tenant = "gen_lagging", "tenant-w"
+    bridge.on_event("llm.generations", make_event("Admitted", tenant, gen_id))
+    watermark = make_event("UsageReported", tenant, gen_id)
+    bridge.on_event("llm.generations", watermark.model_copy(update={"usage": Usage(generated_output_tokens=4)}))
+    bridge.on_event("llm.generations", make_event("Interrupted", tenant, gen_id))
+    view = bridge.view(gen_id)
+    assert view.final is None  # 0 of the 4 billed tokens read
+    bridge.on_event("llm.tokens", next(tokens(gen_id, tenant, (1,))))  # two tokens per event
+    clock.now += FINAL_GRACE_S + 1
+    bridge.sweep_once()
+    assert view.final is None
+    bridge.on_event("llm.tokens", next(tokens(gen_id, tenant, (2,))))
+    assert (view.final.reason, view.final.seq, view.final.usage.generated_output_tokens) == ("interrupted", 3, 4)
+    assert [t.seq for t in view.tokens] == [1, 2]
