@@ -42,6 +42,15 @@ SASL_LISTENER = [
     f"listener.name.sasl_plaintext.{SCRAM_MECHANISM.lower()}.sasl.jaas.config="
     "org.apache.kafka.common.security.scram.ScramLoginModule required;",
 ]
+# With a SASL listener the node authorizes every request. Service principals are super users. Everyone else
+# (tenants' SCRAM principals, and the PLAINTEXT listener's User:ANONYMOUS, which is also this node talking to
+# itself) is held to ACLs where a resource has any; `infra/kafka_acls.py` gives every resource ANONYMOUS needs
+# an ACL, so "no ACL found" only applies in the seconds before those exist on a fresh node.
+AUTHORIZER = [
+    "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+    "super.users=" + ";".join(f"User:{name}" for name in PRINCIPALS),
+    "allow.everyone.if.no.acl.found=true",
+]
 
 LOG4J2 = """\
 status = warn
@@ -142,7 +151,7 @@ class KafkaNode:
             "controller.listener.names=CONTROLLER",
             "inter.broker.listener.name=PLAINTEXT",
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
-            *(SASL_LISTENER if sasl_port else []),
+            *(SASL_LISTENER + AUTHORIZER if sasl_port else []),
             voters,
             f"log.dirs={self.dir / 'data'}",
             "num.partitions=6",

@@ -14,15 +14,17 @@ never shows a password (`redact_url`).
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
 from pydantic import SecretStr
 
-from plumbing.kafka.access import KafkaAccess, KafkaAccessError
+from plumbing.kafka.access import KafkaAccess, KafkaAccessError, KafkaPrincipal
 from plumbing.secrets import redact_url
 from infra.errors import InfraError
 from infra.health import kafka_up, postgres_up
+from infra.kafka_acls import ensure_development_acls
 from infra.kafka_cluster import KafkaCluster
 from infra.kafka_node import KafkaNode
 from infra.postgres_node import PostgresNode
@@ -75,6 +77,32 @@ class LocalServices:
         except KafkaAccessError as exc:
             raise InfraError(str(exc)) from None
 
+    def local_principal_access(self, principal: str) -> KafkaAccess | None:
+        """The local node's SASL listener as one of its service principals (`kafka_node.PRINCIPALS`), or None
+        when this home's Kafka has no SASL listener (external, a cluster, or formatted before SCRAM)."""
+        sasl_bootstrap = self.endpoints().kafka_sasl_bootstrap
+        password = self.kafka.scram_passwords().get(principal)
+        if sasl_bootstrap is None or password is None:
+            return None
+        return KafkaAccess(sasl_bootstrap, "SASL_PLAINTEXT", KafkaPrincipal(principal, SecretStr(password)))
+
+    def principal_env(self, principal: str) -> dict[str, str]:
+        """Environment that makes a role process log in to the local SASL listener as `principal` (its password
+        is looked up in the credentials file by that name, never passed in the environment); {} without one."""
+        access = self.local_principal_access(principal)
+        if access is None:
+            return {}
+        return {"LEDGERLM_KAFKA_BOOTSTRAP": access.bootstrap, "LEDGERLM_KAFKA_SECURITY_PROTOCOL": access.protocol,
+                "LEDGERLM_KAFKA_SASL_USERNAME": principal}
+
+    def service_access(self, principal: str) -> KafkaAccess | None:
+        """How a role that handles tenants' topics reaches Kafka: as the settings say when they ask for SASL
+        else the local SASL listener as `principal` (PLAINTEXT's ANONYMOUS may
+        not touch tenants' topics, see infra/kafka_acls.py), else PLAINTEXT."""
+        if self.settings.kafka_security_protocol != "PLAINTEXT":
+            return self.kafka_access()
+        return self.local_principal_access(principal) or self.kafka_access()
+
     def local_brokers(self) -> int | None:
         """How many brokers this home's Kafka has (live or not); None when Kafka is external."""
         if self.settings.kafka_bootstrap:
@@ -96,6 +124,9 @@ class LocalServices:
             state.save(self.settings.state_file)
         endpoints = self.endpoints()
         self._wait_healthy(endpoints, timeout)
+        admin = self.local_principal_access("admin")
+        if admin is not None:
+            asyncio.run(ensure_development_acls(admin))
         return endpoints
 
     def _start_single(self, state: ServicesState, timeout_s: float) -> None:

@@ -1,7 +1,8 @@
 """`ledgerlm up` / `ledgerlm down`: the whole platform on this machine.
 
     up:   infra (Kafka + PostgreSQL) ─▶ migrations ─▶ topics ─▶ model ready + registered (stack_model)
-          ─▶ demo tenant ─▶ controller, worker, projector, gateway processes ─▶ one demo generation
+          ─▶ demo tenant ─▶ controller, worker, projector, gateway, intake (+ results publisher) processes
+          ─▶ one demo generation
     down: stops the role processes `up` started (and the services, if `up` started them)
 
 Role processes run in their own sessions with logs under `<home>/logs`; their
@@ -42,7 +43,7 @@ from plumbing.settings import REPO_ROOT, Settings
 if TYPE_CHECKING:
     from plumbing.kafka.access import KafkaAccess
 
-ROLES = ("controller", "worker", "projector", "gateway")
+ROLES = ("controller", "worker", "projector", "gateway", "intake")  # started in this order, stopped in reverse
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -130,10 +131,12 @@ def is_ours(pid: int, start: int | None) -> bool:
 
 
 class StackRunner:
-    def __init__(self, settings: Settings, model_spec: str = "smollm2-135m-instruct", log=print) -> None:
+    def __init__(self, settings: Settings, model_spec: str = "smollm2-135m-instruct", log=print,
+                 intake: bool = True) -> None:
         self.settings = settings
         self.model_spec = model_spec
         self.log = log
+        self.roles = ROLES if intake else tuple(r for r in ROLES if r != "intake")
 
     # -- preparation -------------------------------------------------------------------------
     def services(self) -> tuple["KafkaAccess", str, bool]:
@@ -229,16 +232,28 @@ class StackRunner:
                     "worker": (["worker", "--model-version", model, "--worker-id", "local-worker-1"],
                                "worker ready"),
                     "projector": (["project"], None),
-                    "gateway": (["gateway"], None)}
-        for role in ROLES:
+                    "gateway": (["gateway"], None),
+                    "intake": (["intake"], "intake started")}
+        for role in self.roles:
             args, ready = commands[role]
             log_path = self.settings.home / "logs" / f"{role}.log"
             offset = log_path.stat().st_size if log_path.exists() else 0
-            path = self.spawn(stack, role, args, role_env(env, kafka, role))
+            path = self.spawn(stack, role, args, self.env_of(role, env, kafka))
             if ready:
                 self.wait_for_log(path, ready, offset, stack.pids[role], 120)
         self.wait_for_gateway(stack, 60)
         return stack
+
+    def env_of(self, role: str, env: dict[str, str], kafka: "KafkaAccess") -> dict[str, str]:
+        """The intake (and its results publisher) works on tenants' topics, which PLAINTEXT's ANONYMOUS may not
+        touch once the broker has ACLs: it logs in to the SASL listener as the gateway principal."""
+        if role != "intake":
+            return role_env(env, kafka, role)
+        if kafka.uses_sasl:
+            return role_env(env, kafka, "gateway")
+        from infra.services import LocalServices
+
+        return {**env, **LocalServices(self.settings).principal_env("gateway")}
 
     @staticmethod
     def wait_for_gateway(stack: Stack, timeout_s: float) -> None:

@@ -137,6 +137,7 @@ class Settings(BaseSettings):
     controller_metrics_port: int = Field(default=0, ge=0)
     worker_metrics_port: int = Field(default=0, ge=0)
     projector_metrics_port: int = Field(default=0, ge=0)
+    intake_metrics_port: int = Field(default=0, ge=0)
     projector_ready_lag: int = Field(default=1000, ge=0,
                                      description="the projector is ready while no projection lags more records")
     projector_lag_interval_s: float = Field(default=10.0, gt=0, description="how often projection lag is measured")

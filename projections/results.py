@@ -3,7 +3,8 @@
 
     Admitted ─▶ open (tenant, requestId, version)      TokensEmitted(choice 0) ─▶ text of its epoch
     UsageReported ─▶ watermark of its epoch            AttemptStarted ─▶ current epoch
-    StreamFinished ─▶ result: reason, usage and label as the worker wrote them, the epoch's text
+    StreamFinished ─▶ result: reason, usage and label as the worker wrote them, the epoch's text (and its
+                      token events when `Admitted.result_tokens`: the request said `includeTokens`)
     Interrupted ─▶ result "interrupted": the epoch's last watermark (labelled interrupted), the text read
     Rejected ─▶ result "rejected"                      Canceled/Expired before any attempt ─▶ result, usage 0
 
@@ -18,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from schemas.envelope import Envelope
-from schemas.intake import GenerationResult, ResultUsage
+from schemas.intake import GenerationResult, ResultToken, ResultUsage
 from schemas.lifecycle import Admitted, AttemptStarted, Canceled, Expired, Interrupted, Rejected, UsageReported
 from schemas.stream import StreamFinished, TokensEmitted
 from schemas.values import Usage
@@ -40,16 +41,30 @@ class OpenGeneration:
     model: str | None = None
     epoch: int = 1
     started: bool = False
+    include_tokens: bool = False
     text: dict[int, list[str]] = field(default_factory=dict)
+    tokens: dict[int, list[ResultToken]] = field(default_factory=dict)  # kept while they may be asked for
     usage: dict[int, Usage] = field(default_factory=dict)
     ended: dict | None = None  # the result's fields, held until `Admitted` names the request
+    end_epoch: int | None = None
     seen_at: float = field(default_factory=time.monotonic)
 
     def text_of(self, epoch: int) -> str:
         return "".join(self.text.get(epoch, []))
 
+    def observe_tokens(self, event: TokensEmitted) -> None:
+        if event.choice == 0 and event.text_delta:
+            self.text.setdefault(event.epoch, []).append(event.text_delta)
+        if self.include_tokens or self.request_id is None:  # before `Admitted` nobody knows yet
+            self.tokens.setdefault(event.epoch, []).append(
+                ResultToken(seq=event.seq, token_ids=event.token_ids, text=event.text_delta, choice=event.choice))
+
     def result(self, fields: dict) -> GenerationResult:
-        return GenerationResult(request_id=self.request_id, tenant_id=self.tenant_id, model=self.model, **fields)
+        tokens = None
+        if self.include_tokens:
+            tokens = tuple(t for t in self.tokens.get(self.end_epoch, []) if t.token_ids or t.text)
+        return GenerationResult(request_id=self.request_id, tenant_id=self.tenant_id, model=self.model,
+                                tokens=tokens, **fields)
 
 
 class ResultsDeriver:
@@ -83,13 +98,14 @@ class ResultsDeriver:
         if gen is None:
             gen = self.open[gid] = OpenGeneration(event.tenant_id)
         if isinstance(event, Admitted):
-            gen.request_id, gen.model = event.request_id, event.model_version
+            gen.request_id, gen.model, gen.include_tokens = event.request_id, event.model_version, event.result_tokens
+            if not gen.include_tokens:
+                gen.tokens.clear()
             return self._close(gid, gen) if gen.ended is not None else None
         if isinstance(event, AttemptStarted):
             gen.epoch, gen.started = max(gen.epoch, event.epoch), True
         elif isinstance(event, TokensEmitted):
-            if event.choice == 0 and event.text_delta:
-                gen.text.setdefault(event.epoch, []).append(event.text_delta)
+            gen.observe_tokens(event)
         elif isinstance(event, UsageReported):
             known = gen.usage.get(event.epoch)
             if known is None or event.usage.generated_output_tokens >= known.generated_output_tokens:
@@ -103,6 +119,7 @@ class ResultsDeriver:
         if fields is None:
             return None
         gen.ended = {"generation_id": event.generation_id, **fields}
+        gen.end_epoch = getattr(event, "epoch", None)
         return self._close(event.generation_id, gen) if gen.request_id is not None else None
 
     @staticmethod

@@ -7,7 +7,7 @@ from pydantic import Field
 
 from schemas.dispatch import StartAttempt
 from schemas.envelope import TenantScoped
-from schemas.values import SamplingParams, Tier
+from schemas.values import SamplingParams, Tier, added
 
 
 class Command(TenantScoped):
@@ -32,6 +32,9 @@ class SubmitGeneration(Command):
     sampling: SamplingParams = SamplingParams()
     tier: Tier = "interactive"
     payload_hash: str = Field(min_length=64, max_length=64)
+    # Asked through the Kafka intake (`includeTokens`): the tenant's results record carries the token events.
+    # Not part of the payload hash: how an outcome is reported does not change what is generated.
+    result_tokens: bool = added(False)
 
     @property
     def output_tokens(self) -> int:

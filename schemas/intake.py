@@ -36,6 +36,13 @@ def results_topic(tenant_id: str) -> str:
     return RESULTS_PREFIX + tenant_id
 
 
+def intake_pattern(tenant_ids: list[str] | None = None) -> str:
+    """Every tenant's intake topic, or only those of `tenant_ids`."""
+    if not tenant_ids:
+        return INTAKE_PATTERN
+    return r"^llm\.requests\.(" + "|".join(re.escape(t) for t in tenant_ids) + ")$"
+
+
 def tenant_of_intake(topic: str) -> str | None:
     """The tenant an intake topic belongs to; None for any other topic."""
     return topic[len(INTAKE_PREFIX):] if re.match(INTAKE_PATTERN, topic) else None
@@ -72,6 +79,8 @@ class GenerationRequested(Wire):
     messages: list[ChatMessage] | None = None
     max_output_tokens: int = Field(alias="maxOutputTokens", strict=True)
     tier: Literal["interactive", "batch"] = "batch"
+    include_tokens: bool = Field(default=False, alias="includeTokens", strict=True,
+                                 description="the result carries the token events (seq, token ids, text)")
     temperature: float | None = None
     top_p: float | None = Field(default=None, alias="topP")
     top_k: int | None = Field(default=None, alias="topK", strict=True)
@@ -88,7 +97,7 @@ class GenerationRequested(Wire):
 
     def http_body(self) -> dict[str, Any]:
         """The same request as a `POST /v1/generations` body: validated by the gateway's own model."""
-        body = self.model_dump(by_alias=True, exclude_none=True, exclude={"type", "schema_version"})
+        body = self.model_dump(by_alias=True, exclude_none=True, exclude={"type", "schema_version", "include_tokens"})
         body["tier"] = self.tier
         return body
 
@@ -97,6 +106,15 @@ class ResultUsage(Wire):
     input_tokens: int = Field(alias="inputTokens")
     cached_input_tokens: int = Field(alias="cachedInputTokens")
     output_tokens: int = Field(alias="outputTokens")
+
+
+class ResultToken(Wire):
+    """One token event of the generation's final attempt (`choice` > 0 only with n > 1)."""
+
+    seq: int
+    token_ids: tuple[int, ...] = Field(alias="tokenIds")
+    text: str
+    choice: int = 0
 
 
 ResultStatus = Literal["completed", "canceled", "interrupted", "expired", "failed", "rejected"]
@@ -129,6 +147,7 @@ class GenerationResult(Wire):
     reason: str | None = None
     field: str | None = None
     retry_after_ms: int | None = Field(default=None, alias="retryAfterMs")
+    tokens: tuple[ResultToken, ...] | None = None  # when the request said `includeTokens`
 
     def encode(self) -> bytes:
         return self.model_dump_json(by_alias=True, exclude_none=True).encode()

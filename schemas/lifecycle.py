@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from schemas.envelope import GenerationScoped
-from schemas.values import SamplingParams, Tier, Usage
+from schemas.values import SamplingParams, Tier, Usage, added
 
 
 class Admitted(GenerationScoped):
@@ -27,6 +27,7 @@ class Admitted(GenerationScoped):
     sampling: SamplingParams = SamplingParams()
     tier: Tier = "interactive"
     alias: str | None = None
+    result_tokens: bool = added(False)  # the results record carries the token events (SubmitGeneration)
 
 
 class AttemptStarted(GenerationScoped):

@@ -221,7 +221,8 @@ class Decider:
         admitted = Admitted(**scoped, request_id=cmd.request_id, model_version=version,
                             input_tokens=len(cmd.input_token_ids), max_output_tokens=cmd.max_output_tokens,
                             reserved_tokens=reserved, payload_hash=cmd.payload_hash, sampling=cmd.sampling,
-                            tier=cmd.tier, alias=None if version == cmd.model_version else cmd.model_version)
+                            tier=cmd.tier, alias=None if version == cmd.model_version else cmd.model_version,
+                            result_tokens=cmd.result_tokens)
         start = StartAttempt(**scoped, worker_id=worker_id, model_version=version,
                              input_token_ids=cmd.input_token_ids, max_output_tokens=cmd.max_output_tokens,
                              sampling=cmd.sampling, weight=limits.weight, deadline_at=self.deadline(cmd.tier, now),

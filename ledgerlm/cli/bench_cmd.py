@@ -49,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_overhead(bench)
     from ledgerlm.cli.bench_audit_cmd import register_audit  # audit replay speed (issue 18)
     register_audit(bench)
+    from ledgerlm.cli.bench_intake_cmd import register_intake  # Kafka-native client API (issue 17)
+    register_intake(bench)
 
 
 def run_engine_bench(args: argparse.Namespace) -> int:

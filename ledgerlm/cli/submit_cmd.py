@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from ledgerlm.cli.endpoints import kafka_access
+from ledgerlm.cli.endpoints import tenant_kafka_access
 from ledgerlm.cli.errors import CliError
 from plumbing.settings import Settings
 
@@ -46,7 +46,7 @@ async def submit(kafka, tenant: str, path: Path, timeout_s: float) -> tuple[dict
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings()
-    results, summary = asyncio.run(submit(kafka_access(settings), args.tenant, args.kafka, args.timeout))
+    results, summary = asyncio.run(submit(tenant_kafka_access(settings, args.tenant), args.tenant, args.kafka, args.timeout))
     if args.out:
         args.out.write_text("".join(json.dumps(r) + "\n" for r in results.values()))
     if args.json:

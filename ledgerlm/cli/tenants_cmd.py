@@ -5,7 +5,7 @@ import argparse
 import asyncio
 import json
 
-from ledgerlm.cli.endpoints import database_url, kafka_access
+from ledgerlm.cli.endpoints import database_url, kafka_access, service_kafka_access
 from ledgerlm.cli.errors import CliError
 from plumbing.settings import Settings
 
@@ -24,17 +24,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     create.add_argument("--no-kafka", action="store_true", help="no intake/results topics for the tenant")
     create.set_defaults(handler=run_create)
     grant = tenants.add_parser("grant-kafka", help="create the tenant's intake and results topics "
-                                                   "(llm.requests.<tenant>, llm.results.<tenant>)")
+                                                   "(llm.requests.<tenant>, llm.results.<tenant>) and, on a "
+                                                   "broker with SASL and an authorizer, its principal and ACLs")
     grant.add_argument("name")
     grant.add_argument("--json", action="store_true")
     grant.set_defaults(handler=run_grant)
 
 
 def grant(settings: Settings, name: str):
+    """Topics, and where the admin access is SASL, the tenant's principal and ACLs (password kept 0600)."""
+    from ledgerlm.tenant_credentials import password_for, store_grant
     from producers.tenant_kafka import grant_kafka
 
-    return asyncio.run(grant_kafka(kafka_access(settings), name, settings.topic_partitions,
-                                   settings.topic_replication_factor))
+    password = password_for(settings, name)
+    granted = asyncio.run(grant_kafka(service_kafka_access(settings, "admin"), name, settings.topic_partitions,
+                                      settings.topic_replication_factor, password))
+    if granted.principal is not None:
+        store_grant(settings, granted, password)
+    return granted
+
+
+def grant_json(settings: Settings, granted) -> dict:
+    from ledgerlm.tenant_credentials import credentials_path
+
+    path = credentials_path(settings, granted.tenant_id) if granted.principal else None
+    return {**granted.as_json(), "credentialsFile": str(path) if path else None}
+
+
+def describe_grant(settings: Settings, granted) -> list[str]:
+    from ledgerlm.tenant_credentials import credentials_path
+
+    lines = [f"Kafka: publish to {granted.intake_topic}, read {granted.results_topic}"]
+    if granted.principal is None:
+        return lines + ["  unauthenticated: this broker has no SASL listener with an authorizer (anyone who can "
+                        "reach it may use these topics)"]
+    lines += [f"  principal {granted.principal} (SCRAM-SHA-256) at {granted.bootstrap}",
+              f"  password in {credentials_path(settings, granted.tenant_id)} (0600)",
+              *(f"  ACL {acl}" for acl in granted.acls),
+              f"  connect: security.protocol=SASL_PLAINTEXT sasl.mechanism=SCRAM-SHA-256 "
+              f"sasl.username={granted.username}; consumer groups must start with '{granted.tenant_id}.'"]
+    return lines
 
 
 def run_grant(args: argparse.Namespace) -> int:
@@ -48,8 +77,9 @@ def run_grant(args: argparse.Namespace) -> int:
         if conn.execute("SELECT 1 FROM tenants WHERE tenant_id = %s", (args.name,)).fetchone() is None:
             raise CliError(f"no tenant {args.name!r}")
     granted = grant(settings, args.name)
-    print(json.dumps(granted.as_json()) if args.json else
-          f"tenant {args.name}: publish to {granted.intake_topic}, read {granted.results_topic}")
+    lines = [json.dumps(grant_json(settings, granted))] if args.json else [f"tenant {args.name}",
+                                                                          *describe_grant(settings, granted)]
+    print("\n".join(lines))
     return 0
 
 
@@ -73,10 +103,10 @@ def run_create(args: argparse.Namespace) -> int:
     granted = None if args.no_kafka else grant(settings, created.tenant_id)
     if args.json:
         print(json.dumps({"tenantId": created.tenant_id, "apiKey": created.api_key,
-                          **({"kafka": granted.as_json()} if granted else {})}))
+                          **({"kafka": grant_json(settings, granted)} if granted else {})}))
     else:
         print(f"tenant {created.tenant_id} created")
         print(f"API key (shown once, store it now): {created.api_key}")
         if granted:
-            print(f"Kafka: publish to {granted.intake_topic}, read {granted.results_topic}")
+            print("\n".join(describe_grant(settings, granted)))
     return 0

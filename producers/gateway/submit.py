@@ -47,13 +47,13 @@ async def refuse_without_workers(gateway: "Gateway", principal: Principal, body:
 
 
 def submit_command(admission: "AdmissionClient", plane: str, tenant_id: str, body: GenerationRequest,
-                   prompt: EffectivePrompt) -> SubmitGeneration:
+                   prompt: EffectivePrompt, result_tokens: bool = False) -> SubmitGeneration:
     """The `SubmitGeneration` of a rendered request: the gateway and the Kafka intake build it the same way."""
     return SubmitGeneration(
         tenant_id=tenant_id, request_id=body.request_id, gateway_id=admission.gateway_id,
         correlation_id=admission.correlation_id(), model_version=body.model,
         input_token_ids=prompt.token_ids, max_output_tokens=prompt.max_output_tokens, sampling=prompt.sampling,
-        tier=body.tier, payload_hash=prompt.payload_hash, plane=plane)
+        tier=body.tier, payload_hash=prompt.payload_hash, plane=plane, result_tokens=result_tokens)
 
 
 async def submit_generation(gateway: "Gateway", principal: Principal, body: GenerationRequest,

@@ -16,6 +16,14 @@ from schemas.intake import SCHEMA_VERSIONS, GenerationRequested, GenerationResul
 
 
 @dataclass(frozen=True)
+class IntakeRequest:
+    """A valid record: the HTTP body it stands for, and what only the Kafka API asks (tokens in the result)."""
+
+    body: GenerationRequest
+    include_tokens: bool = False
+
+
+@dataclass(frozen=True)
 class Refusal:
     """Why a record is not a request; `request_id` None: there is nobody to answer (a dead letter instead)."""
 
@@ -42,7 +50,7 @@ def _request_id_of(raw: object) -> str | None:
     return value if isinstance(value, str) and 0 < len(value) <= 256 else None
 
 
-def parse_request(value: bytes | None) -> GenerationRequest | Refusal:
+def parse_request(value: bytes | None) -> IntakeRequest | Refusal:
     """The request a record holds, or why it holds none."""
     try:
         raw = json.loads(value or b"")
@@ -57,7 +65,7 @@ def parse_request(value: bytes | None) -> GenerationRequest | Refusal:
                        f"schemaVersion {version!r} is not one of {sorted(SCHEMA_VERSIONS)}", "schemaVersion")
     try:
         wire = GenerationRequested.model_validate(raw)
-        return GenerationRequest.model_validate(wire.http_body())
+        return IntakeRequest(GenerationRequest.model_validate(wire.http_body()), wire.include_tokens)
     except ValidationError as exc:
         field, reason = _field_and_reason(exc)
         return Refusal(request_id, "invalid_request", reason, field)

@@ -53,8 +53,8 @@ class _Rebalance(ConsumerRebalanceListener):
 
 class Intake:
     def __init__(self, settings: Settings, kafka: Kafka, instance_id: str | None = None,
-                 window: int = WINDOW) -> None:
-        self.settings, self.kafka, self.window = settings, kafka, window
+                 window: int = WINDOW, pattern: str = INTAKE_PATTERN) -> None:
+        self.settings, self.kafka, self.window, self.pattern = settings, kafka, window, pattern
         self.instance_id = instance_id or f"intake-{uuid.uuid4().hex[:8]}"
         self.group = intake_group(settings)
         self.tenants: dict = {}
@@ -83,7 +83,7 @@ class Intake:
         await self.producer.start()
         self.consumer = make_consumer(self.kafka, group_id=self.group, client_id=self.instance_id,
                                       metadata_max_age_ms=5000)
-        self.consumer.subscribe(pattern=INTAKE_PATTERN, listener=_Rebalance(self))
+        self.consumer.subscribe(pattern=self.pattern, listener=_Rebalance(self))
         await self.consumer.start()
         log.info("intake started instance=%s group=%s", self.instance_id, self.group)
         self.ready.set()

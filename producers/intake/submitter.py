@@ -23,10 +23,9 @@ from producers.gateway.admission import AdmissionClient
 from producers.gateway.database import Principal
 from producers.gateway.errors import ApiError
 from producers.gateway.prompts import ModelCatalog
-from producers.gateway.requests import GenerationRequest
 from producers.gateway.submit import submit_command
 from producers.intake.lanes import Outcome
-from producers.intake.records import Refusal, parse_request
+from producers.intake.records import IntakeRequest, Refusal, parse_request
 from schemas.codec import MalformedRecord
 from schemas.intake import GenerationResult, tenant_of_intake
 from schemas.values import TenantLimits
@@ -76,22 +75,24 @@ class Submitter:
                 return dead_letter_for(record, MalformedRecord(record.topic, parsed.reason))
             return self._rejected(tenant_id, parsed.request_id, parsed.error_code, parsed.reason,
                                   field=parsed.field)
+        body = parsed.body
         limits = self.tenants.get(tenant_id)
         if limits is None:
-            return self._rejected(tenant_id, parsed.request_id, "unknown_tenant",
+            return self._rejected(tenant_id, body.request_id, "unknown_tenant",
                                   f"no tenant {tenant_id!r} is registered")
         principal = Principal(tenant_id, limits.max_tokens_in_flight, limits.tokens_per_minute)
         try:
-            prompt = await asyncio.to_thread(self.catalog.render, parsed, principal.max_tokens_per_request)
+            prompt = await asyncio.to_thread(self.catalog.render, body, principal.max_tokens_per_request)
         except ApiError as exc:
-            return self._rejected(tenant_id, parsed.request_id, exc.code, exc.message,
+            return self._rejected(tenant_id, body.request_id, exc.code, exc.message,
                                   field=exc.details.get("field"))
         return await self._submit(principal, parsed, prompt)
 
-    async def _submit(self, principal: Principal, body: GenerationRequest, prompt) -> Outcome:
+    async def _submit(self, principal: Principal, request: IntakeRequest, prompt) -> Outcome:
         plane, timeout_s = self.settings.controller_group, self.settings.admission_timeout_ms / 1000
+        body = request.body
         while True:
-            command = submit_command(self.admission, plane, principal.tenant_id, body, prompt)
+            command = submit_command(self.admission, plane, principal.tenant_id, body, prompt, request.include_tokens)
             decision = await self.admission.decide(command, timeout_s)
             if decision is not None and decision.http_status in (200, 201):
                 if decision.http_status == 201:

@@ -68,7 +68,7 @@ def test_up_stopped_by_sigterm_stops_every_role_frees_the_port_and_removes_its_s
     try:
         wait_for(lambda: "serving; Ctrl-C stops everything" in log.read_text(), 240, "the stack to serve", log)
         stack = read_stack(settings)
-        assert set(stack.pids) == {"controller", "worker", "projector", "gateway"}
+        assert set(stack.pids) == {"controller", "worker", "projector", "gateway", "intake"}
         assert not port_is_free(int(up_env["LEDGERLM_GATEWAY_PORT"]))
         up.send_signal(signal.SIGTERM)  # what `timeout`, systemd or a closed terminal (SIGHUP) sends
         assert up.wait(timeout=90) == 0

@@ -69,17 +69,41 @@ async def test_duplicate_tenant_is_refused(bootstrap, database_url, topics):
         raise AssertionError("a second tenant with the same name was created")
 
 
-def test_cli_prints_tenant_id_and_key_once_as_json(services, topics, database_url):
+def admin_env(services, home) -> dict[str, str]:
+    """The CLI's environment: on the project's own broker, its SASL listener as `admin` (PLAINTEXT's ANONYMOUS
+    may not create a tenant's topics there); tenants' passwords land under `home`."""
+    import os
+
+    from plumbing.settings import Settings
+    from tests.services import sasl_access
+
+    env = {**os.environ, "LEDGERLM_HOME": str(home)}
+    access = sasl_access(services, Settings(), "admin")
+    if access is not None:
+        env.update({"LEDGERLM_KAFKA_BOOTSTRAP": access.bootstrap, "LEDGERLM_KAFKA_SECURITY_PROTOCOL": access.protocol,
+                    "LEDGERLM_KAFKA_SASL_USERNAME": "admin",
+                    "LEDGERLM_KAFKA_SASL_PASSWORD": access.principal.password.get_secret_value()})
+    return env
+
+
+def test_cli_prints_tenant_id_and_key_once_as_json(services, topics, database_url, tmp_path):
     import json
     import subprocess
     import sys
 
     name = tenant_name()
     result = subprocess.run([sys.executable, "-m", "ledgerlm.cli.main", "tenants", "create", name, "--weight", "3",
-                             "--max-concurrency", "5", "--json"], capture_output=True, text=True, timeout=120)
+                             "--max-concurrency", "5", "--json"], capture_output=True, text=True, timeout=120,
+                            env=admin_env(services, tmp_path))
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
     assert printed["tenantId"] == name and printed["apiKey"].startswith("llm_")
+    if services.kafka_sasl_bootstrap is not None:  # a principal of its own, its password kept 0600
+        kafka = printed["kafka"]
+        assert kafka["principal"] == f"User:tenant-{name}"
+        assert f"ALLOW User:tenant-{name} WRITE topic llm.requests.{name}" in kafka["acls"]
+        stored = tmp_path / "credentials" / f"kafka-tenant-{name}.json"
+        assert kafka["credentialsFile"] == str(stored) and stored.stat().st_mode & 0o777 == 0o600
     with psycopg.connect(database_url) as conn:
         assert authenticate(conn, printed["apiKey"]) == name
     refused = subprocess.run([sys.executable, "-m", "ledgerlm.cli.main", "tenants", "create", "Not A Slug"],

@@ -1,6 +1,8 @@
 """Intake records and results derived from the log, without Kafka."""
 from __future__ import annotations
 
+import json
+
 from producers.intake.records import Refusal, parse_request
 from projections.results import ResultsDeriver
 from schemas.asyncapi import asyncapi_document
@@ -11,9 +13,9 @@ from schemas.values import Usage
 GEN = {"tenant_id": "t", "generation_id": "gen_1"}
 
 
-def admitted() -> Admitted:
+def admitted(**fields) -> Admitted:
     return Admitted(**GEN, request_id="r1", model_version="m@1", input_tokens=3, max_output_tokens=4,
-                    reserved_tokens=7, payload_hash="0" * 64)
+                    reserved_tokens=7, payload_hash="0" * 64, **fields)
 
 
 def tokens(seq: int, text: str, epoch: int = 1) -> TokensEmitted:
@@ -22,7 +24,10 @@ def tokens(seq: int, text: str, epoch: int = 1) -> TokensEmitted:
 
 def test_a_request_is_validated_with_the_http_bounds_and_batch_is_the_default_tier():
     parsed = parse_request(b'{"requestId":"r","model":"m@1","input":"hi","maxOutputTokens":8}')
-    assert (parsed.request_id, parsed.tier, parsed.max_output_tokens) == ("r", "batch", 8)
+    assert (parsed.body.request_id, parsed.body.tier, parsed.body.max_output_tokens) == ("r", "batch", 8)
+    assert not parsed.include_tokens
+    assert parse_request(b'{"requestId":"r","model":"m@1","input":"hi","maxOutputTokens":8,'
+                         b'"includeTokens":true}').include_tokens
     assert parse_request(b'{"requestId":"r","model":"m@1","input":"hi","maxOutputTokens":8,"topP":0}') == \
         Refusal("r", "invalid_request", "topP: Input should be greater than 0", "topP")
     assert parse_request(b'{"requestId":"r","schemaVersion":2}').error_code == "unsupported_schema_version"
@@ -54,6 +59,31 @@ def test_an_interrupted_generation_is_billed_at_its_last_watermark_and_labelled(
         "interrupted", "interrupted", 1, "a")
     late = StreamFinished(**GEN, epoch=1, seq=2, reason="completed", usage=Usage(generated_output_tokens=2))
     assert deriver.observe(late) is None
+
+
+def test_a_request_that_asked_for_tokens_gets_the_token_events_of_its_final_attempt():
+    deriver = ResultsDeriver()
+    deriver.observe(tokens(1, "stale", epoch=1))  # before Admitted: kept until it says whether they are wanted
+    deriver.observe(admitted(result_tokens=True))
+    deriver.observe(AttemptStarted(**GEN, epoch=2, worker_id="w"))
+    deriver.observe(tokens(1, "The", epoch=2))
+    deriver.observe(tokens(2, " sea", epoch=2))
+    final = StreamFinished(**GEN, epoch=2, seq=3, reason="output-limit", usage=Usage(generated_output_tokens=2))
+    result = deriver.observe(final)
+    assert [(t.seq, t.token_ids, t.text) for t in result.tokens] == [(1, (1,), "The"), (2, (2,), " sea")]
+    wire = json.loads(result.encode())
+    assert wire["tokens"] == [{"seq": 1, "tokenIds": [1], "text": "The", "choice": 0},
+                              {"seq": 2, "tokenIds": [2], "text": " sea", "choice": 0}]
+
+
+def test_a_request_that_did_not_ask_for_tokens_gets_none_and_keeps_none():
+    deriver = ResultsDeriver()
+    deriver.observe(admitted())
+    deriver.observe(tokens(1, "The"))
+    assert not deriver.open["gen_1"].tokens
+    final = StreamFinished(**GEN, epoch=1, seq=2, reason="output-limit", usage=Usage(generated_output_tokens=1))
+    result = deriver.observe(final)
+    assert result.tokens is None and "tokens" not in json.loads(result.encode())
 
 
 def test_the_asyncapi_document_has_both_tenant_topics():
