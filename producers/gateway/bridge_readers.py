@@ -8,7 +8,8 @@ Both topics are keyed by generation id with the same partition count, so one
 generation's lifecycle and tokens sit in the same-numbered partition of each.
 The range assignor gives a member the same-numbered partitions of every topic
 it subscribes to (aiokafka has range and round-robin, no sticky or cooperative
-protocol; round-robin would split a partition number across gateways), so a
+protocol; round-robin, aiokafka's default, would split a partition number across
+gateways whenever the partition count times two is not a multiple of the gateways), so a
 gateway owns whole generations. A rebalance is eager: on revoke, a partition
 with a local subscriber moves to the guest reader at the exact next offset the
 owner had not handled yet (no gap, no repeat); on assign, the new owner starts
@@ -24,6 +25,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from plumbing.kafka.clients import Kafka, make_consumer
 from schemas.topics import GENERATIONS, TOKENS
@@ -91,7 +93,8 @@ class OwnedReader(PartitionReader):
     async def start(self) -> None:
         self.consumer = make_consumer(self.kafka, group_id=self.group, client_id="gateway-bridge",
                                       auto_offset_reset="latest", session_timeout_ms=10000,
-                                      heartbeat_interval_ms=1000)
+                                      heartbeat_interval_ms=1000,
+                                      partition_assignment_strategy=(RangePartitionAssignor,))
         await self.consumer.start()
         self.consumer.subscribe(list(BRIDGE_TOPICS), listener=_Listener(self))
 
