@@ -131,6 +131,13 @@ class Settings(BaseSettings):
                                        description="a starting gateway's bridge replays llm.generations and "
                                                    "llm.tokens from the projections' offsets, but from no "
                                                    "further back than this much log time")
+    gateway_group: str = Field(default="ledgerlm-gateways",
+                               description="the consumer group in which gateways share the partitions of "
+                                           "llm.tokens / llm.generations (one group per deployment)")
+    gateway_share_stream: bool = Field(default=True,
+                                       description="false: this gateway reads and decodes every partition "
+                                                   "alone (the pre-sharing behaviour; the stream benchmark's "
+                                                   "baseline)")
 
     # -- telemetry: /metrics, /healthz, /readyz of the Kafka roles (0 = an ephemeral port, logged) --
     metrics_host: str = "127.0.0.1"

@@ -10,6 +10,7 @@
     llm.workers             worker id       compact   -
     llm.models              version/item    compact   -
     llm.tenants             tenant id       compact   -
+    llm.presence            generation id   delete    1 h
     llm.dlq                 source topic    delete    14 d
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ from schemas.lifecycle import (
     UsageReported,
 )
 from schemas.model_rollout import ModelAliasSet, ModelQualified
+from schemas.presence import WatchersChanged
 from schemas.registry_events import ModelVersionRegistered, TenantRegistered, WorkerHeartbeat
 from schemas.replies import AdmissionDecision
 from schemas.stream import StreamFinished, TokensEmitted
@@ -45,6 +47,7 @@ TOKENS = "llm.tokens"
 WORKERS = "llm.workers"
 MODELS = "llm.models"
 TENANTS = "llm.tenants"
+PRESENCE = "llm.presence"
 DLQ = "llm.dlq"
 
 
@@ -106,6 +109,8 @@ TOPICS: tuple[TopicSpec, ...] = (
                           "(key: qualified:<version>) and aliases (key: alias:<name>)."),
     TopicSpec(TENANTS, "tenant_id", (TenantRegistered,), "compact", min_insync_replicas=2,
               description="Tenants, their limits and API key hashes."),
+    TopicSpec(PRESENCE, "generation_id", (WatchersChanged,), "delete", HOUR_MS,
+              description="Subscribers per gateway and generation: the disconnect grace across gateways."),
     TopicSpec(DLQ, "source_topic", (DeadLetter,), "delete", 14 * DAY_MS,
               description="Undecodable or invalid records with the reason."),
 )

@@ -16,6 +16,7 @@ from schemas.lifecycle import (
 from schemas.model_rollout import ModelAliasSet, ModelQualified
 from schemas.registry_events import ModelVersionRegistered, TenantRegistered, WorkerHeartbeat
 from schemas.replies import AdmissionDecision
+from schemas.presence import WatchersChanged
 from schemas.stream import StreamFinished, TokensEmitted
 from schemas.values import SamplingParams, TenantLimits, Usage
 
@@ -74,6 +75,7 @@ def make_event(type_name: str, tenant_id: str | None = None, generation_id: str 
         "Rejected": lambda: Rejected(**scoped, error_code="no_capacity", reason="no worker could reserve KV"),
         "TokensEmitted": lambda: TokensEmitted(**scoped, epoch=1, seq=1, token_ids=(17, 18),
                                                text_delta="h\u00e9llo \U0001f600", token_count=2),
+        "WatchersChanged": lambda: WatchersChanged(generation_id=gen, gateway_id="gw-test", watchers=1),
         "StreamFinished": lambda: StreamFinished(**scoped, epoch=1, seq=9, reason="interrupted",
                                                  usage=make_usage(), usage_label="interrupted"),
         "WorkerHeartbeat": lambda: WorkerHeartbeat(worker_id=uid("worker"), model_versions=("demo-tiny@1",),

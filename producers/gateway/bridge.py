@@ -1,12 +1,13 @@
 """Stream bridge: `llm.tokens` + `llm.generations` -> per-generation views that HTTP streams read.
 
-The bridge follows both topics from where the projections in Postgres stand
-(`replay.py`; from the end when built without a start), so every generation
-the projections have not applied yet is in view once the bridge has caught up,
-and every one admitted while it runs is seen from its first event, even when
-tokens arrive before the admission reply reaches the HTTP call. A view keeps
-its events until some time after the end (readers that come later get the
-resume buffer from Postgres instead).
+The bridge reads this gateway's share of the partitions and those of its local
+subscribers (`shared_tail.py`), from where the projections in Postgres stand
+(`replay.py`; from the end when built without a start). It decodes the
+lifecycle of every generation in its share, and the tokens only of generations
+someone here watches; a generation's first local subscriber (or waiting lookup)
+reads back what was skipped before anything is served. A view keeps its events
+until some time after the end (readers that come later get the resume buffer
+from Postgres instead).
 
 Epochs: the current epoch of a generation comes from its lifecycle; an
 interrupted epoch is dead, and its late tokens are ignored.
@@ -19,120 +20,46 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from contextlib import asynccontextmanager
 
 from plumbing.kafka.clients import Kafka
-from plumbing.kafka.follower import Follower, StartPositions
+from plumbing.kafka.follower import StartPositions
+from producers.gateway.generation_view import (
+    FINAL_GRACE_S, KEEP_ENDED_S, REASON_OF_TERMINAL, STATUS_OF_TERMINAL, WATERMARK_WAIT_S, FinalEvent,
+    GenerationView,
+)
+from producers.gateway.shared_tail import SharedTail
 from schemas.envelope import Envelope
 from schemas.lifecycle import (
     Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Failed, Interrupted, Rejected,
     UsageReported,
 )
 from schemas.stream import StreamFinished, TokensEmitted
-from schemas.topics import GENERATIONS, TOKENS
 from schemas.values import Usage
 
-KEEP_ENDED_S = 300.0
-# A worker-ended generation's StreamFinished follows its terminal event; wait this long before writing our own.
-FINAL_GRACE_S = 2.0
-# An interrupted stream whose last watermark counts tokens this bridge has not read yet (llm.tokens read behind
-# llm.generations, e.g. while a broker is back from an outage) waits this long for them before it ends: the
-# worker sends a watermark only once the tokens it counts are on the log, so they are coming.
-WATERMARK_WAIT_S = 15.0
-
-STATUS_OF_TERMINAL = {"Completed": "completed", "Canceled": "canceled", "Interrupted": "interrupted",
-                      "Expired": "expired", "Failed": "failed", "Rejected": "rejected"}
-REASON_OF_TERMINAL = {"Canceled": "canceled", "Interrupted": "interrupted", "Expired": "expired",
-                      "Failed": "failed", "Rejected": "rejected"}
-
-
-@dataclass
-class FinalEvent:
-    reason: str
-    usage: Usage
-    usage_label: str
-    seq: int
-
-
-@dataclass
-class GenerationView:
-    generation_id: str
-    tenant_id: str
-    request_id: str | None = None
-    model_version: str | None = None
-    status: str = "admitted"
-    epoch: int | None = None
-    worker_id: str | None = None
-    dead_epochs: set[int] = field(default_factory=set)
-    cancel_requested: bool = False
-    tier: str = "interactive"
-    streams: dict[int, list[TokensEmitted]] = field(default_factory=dict)
-    finals: dict[int, FinalEvent] = field(default_factory=dict)
-    usage: dict[int, Usage] = field(default_factory=dict)
-    terminal: Envelope | None = None
-    terminal_at: float | None = None
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def current_epoch(self) -> int:
-        """The lifecycle's epoch; before the lifecycle is seen (tokens can overtake it), the newest streamed."""
-        if self.epoch is not None:
-            return self.epoch
-        return max(self.streams, default=1)
-
-    @property
-    def tokens(self) -> list[TokensEmitted]:
-        return self.streams.get(self.current_epoch, [])
-
-    @property
-    def final(self) -> FinalEvent | None:
-        return self.finals.get(self.current_epoch)
-
-    def notify(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
-
-    def covers_watermark(self) -> bool:
-        """The current epoch's stream holds every token its latest usage watermark counts."""
-        billed = self.usage.get(self.current_epoch, Usage()).generated_output_tokens
-        return sum(len(t.token_ids) for t in self.tokens) >= billed
-
-    @property
-    def text(self) -> str:
-        return "".join(t.text_delta for t in self.tokens)
-
-    def as_status(self) -> dict:
-        usage = self.usage.get(self.current_epoch, Usage())
-        if self.final is not None:
-            usage = self.final.usage
-        return {"id": self.generation_id, "requestId": self.request_id, "model": self.model_version,
-                "status": self.status, "epoch": self.epoch, "workerId": self.worker_id,
-                "cancelRequested": self.cancel_requested,
-                "endReason": self.final.reason if self.final else None,
-                "usage": {"inputTokens": usage.processed_input_tokens, "cachedInputTokens": usage.cached_input_tokens,
-                          "outputTokens": usage.generated_output_tokens}}
+__all__ = ["FINAL_GRACE_S", "FinalEvent", "GenerationView", "StreamBridge"]
 
 
 class StreamBridge:
-    def __init__(self, kafka: Kafka, clock=time.monotonic, start: StartPositions | None = None) -> None:
+    def __init__(self, kafka: Kafka, clock=time.monotonic, start: StartPositions | None = None,
+                 group: str = "ledgerlm-gateways", share: bool = True) -> None:
         self.views: dict[str, GenerationView] = {}
         self.clock = clock
-        self.follower = Follower(kafka, [TOKENS, GENERATIONS], self.on_event, start=start or "end",
-                                 client_id="gateway-bridge", after_batch=self.notify_changed)
+        self.tail = SharedTail(kafka, self, start, group, share)
         self._changed: set[str] = set()
         self._tasks: list[asyncio.Task] = []
         self.advanced = asyncio.Event()  # replaced after every fetched batch: lookups waiting for a view wait on it
 
     @property
     def caught_up(self) -> bool:
-        """Read every record up to the log's end at start: from now on a view is missing only for ids whose
-        records are all projected (or not yet written)."""
-        return self.follower.caught_up.is_set()
+        """Read every record of its first share of partitions up to the log's end at start: from now on a view
+        is missing only for ids whose records are all projected (or not yet written), or not in its share."""
+        return self.tail.owned.caught_up.is_set()
 
     async def start(self) -> None:
-        await self.follower.start()
-        self._tasks = [asyncio.create_task(self.follower.run(), name="bridge-follow"),
-                       asyncio.create_task(self._sweep(), name="bridge-sweep")]
+        await self.tail.start()
+        self._tasks = [*self.tail.tasks(), asyncio.create_task(self._sweep(), name="bridge-sweep")]
+        await self.tail.first_share()
 
     @property
     def running(self) -> bool:
@@ -141,7 +68,17 @@ class StreamBridge:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        await self.follower.stop()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.tail.stop()
+
+    @asynccontextmanager
+    async def attending(self, generation_id: str):
+        """Keep `generation_id`'s records decoded (and the ones skipped so far read back) inside the block."""
+        try:
+            await self.tail.attend(generation_id)
+            yield
+        finally:
+            self.tail.leave(generation_id)
 
     def view(self, generation_id: str) -> GenerationView | None:
         return self.views.get(generation_id)
@@ -150,20 +87,23 @@ class StreamBridge:
         """A generation of this tenant under this request id is in view (a scan: rare callers only)."""
         return any(v.request_id == request_id and v.tenant_id == tenant_id for v in self.views.values())
 
-    def _view_for(self, event: Envelope) -> GenerationView:
+    def _view_for(self, event: Envelope, wanted: bool) -> GenerationView:
         view = self.views.get(event.generation_id)
         if view is None:
-            view = self.views[event.generation_id] = GenerationView(event.generation_id, event.tenant_id)
+            view = self.views[event.generation_id] = GenerationView(event.generation_id, event.tenant_id,
+                                                                     partial=not wanted)
         return view
 
-    def on_event(self, topic: str, event: Envelope) -> None:
-        view = self._view_for(event)
+    def on_event(self, topic: str, event: Envelope, wanted: bool = True) -> None:
+        """Apply one record; `wanted` False for a lifecycle record of a generation whose tokens are skipped."""
+        view = self._view_for(event, wanted)
         if isinstance(event, TokensEmitted):
             stream = view.streams.setdefault(event.epoch, [])
             if event.epoch not in view.dead_epochs and event.epoch not in view.finals:
                 if not stream or event.seq > stream[-1].seq:
                     stream.append(event)
-                if view.terminal is not None and view.final is None and self.caught_up and view.covers_watermark():
+                if view.terminal is not None and view.final is None and self.caught_up and not view.partial \
+                        and view.covers_watermark():
                     self._end_without_worker(view)
         elif isinstance(event, StreamFinished):
             if event.epoch not in view.dead_epochs and event.epoch not in view.finals:
@@ -203,10 +143,9 @@ class StreamBridge:
         view.status = STATUS_OF_TERMINAL[type(event).__name__]
         if isinstance(event, (Completed, Canceled, Expired, Failed)):
             view.usage[view.current_epoch] = event.usage
-        elif self.caught_up and view.covers_watermark():
+        elif self.caught_up and not view.partial and view.covers_watermark():
             self._end_without_worker(view)
-        # else replaying, or the watermark counts tokens not read yet: llm.tokens may lag this topic, so the
-        # stream's last seq is not known yet (the next token event or the sweep ends it)
+        # else replaying: llm.tokens may lag this topic, so the stream's last seq is not known yet (the sweep ends it)
 
     def _end_without_worker(self, view: GenerationView) -> None:
         """The final event of an interrupted or rejected generation, which no worker writes."""
@@ -222,10 +161,33 @@ class StreamBridge:
             seq = (view.tokens[-1].seq if view.tokens else 0) + 1
             view.finals[view.current_epoch] = FinalEvent(reason, usage, label, seq)
 
+    def backfilled(self, generation_id: str, events: list[tuple[str, Envelope]]) -> None:
+        """Apply what a backfill read back: the view then holds everything the projections lack."""
+        tokens = [event for _topic, event in events if isinstance(event, TokensEmitted)]
+        for topic, event in events:
+            if not isinstance(event, TokensEmitted):
+                self.on_event(topic, event)
+        if tokens:
+            self._view_for(tokens[0], True).merge_tokens(tokens)
+        view = self.views.get(generation_id)
+        if view is not None:
+            view.partial = False
+            if view.terminal is not None and view.final is None and self.caught_up and view.covers_watermark():
+                self._end_without_worker(view)
+            self._changed.add(generation_id)
+            self.notify_changed()
+
+    def unwatched(self, generation_id: str) -> None:
+        """Nobody here wants its records any more: from now on they are skipped."""
+        view = self.views.get(generation_id)
+        if view is not None:
+            view.partial = True
+
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(0.5)
             self.sweep_once()
+            await self.tail.release_idle()
 
     def sweep_once(self) -> None:
         """Write the final events no worker will write (after a grace, once caught up); drop long-ended views."""
@@ -234,18 +196,24 @@ class StreamBridge:
             if view.terminal_at is None or not self.caught_up:
                 continue
             waited = now - view.terminal_at
-            if view.final is None and waited > FINAL_GRACE_S and (view.covers_watermark() or waited > WATERMARK_WAIT_S):
+            if view.final is None and not view.partial and waited > FINAL_GRACE_S \
+                    and (view.covers_watermark() or waited > WATERMARK_WAIT_S):
                 self._end_without_worker(view)
                 if view.final is None:
                     name = type(view.terminal).__name__
                     self._finish_without_worker(view, REASON_OF_TERMINAL.get(name, "completed"), "final")
                 view.notify()
-            elif now - view.terminal_at > KEEP_ENDED_S:
+            elif now - view.terminal_at > KEEP_ENDED_S and not self.tail.interest.wanted(gen_id):
                 del self.views[gen_id]
 
     async def follow(self, generation_id: str, timeout_s: float = 600.0, after_seq: int = 0):
         """Yield ("token", TokensEmitted) in seq order after `after_seq`, then ("final", FinalEvent);
         ("timeout", None) if it stalls."""
+        async with self.attending(generation_id):
+            async for item in self._follow(generation_id, timeout_s, after_seq):
+                yield item
+
+    async def _follow(self, generation_id: str, timeout_s: float, after_seq: int):
         sent = 0
         deadline = self.clock() + timeout_s
         while True:

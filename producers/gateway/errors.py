@@ -1,4 +1,6 @@
-"""One JSON error shape for every gateway failure: {"code", "message", "details"}."""
+"""The gateway's error shapes, both of one `ApiError`: the native API's {"code", "message", "details"}, and on
+the OpenAI-compatible routes OpenAI's {"error": {"message", "type", "param", "code"}} with the same statuses,
+`code` being the native code."""
 from __future__ import annotations
 
 from typing import Any
@@ -29,6 +31,25 @@ def error_response(status: int, code: str, message: str, details: dict[str, Any]
         details = {**(details or {}), "retryAfterMs": retry_after_ms}
     return JSONResponse({"code": code, "message": message, "details": details or {}}, status_code=status,
                         headers=headers)
+
+
+OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                      404: "not_found_error", 409: "conflict_error", 429: "rate_limit_error"}
+
+
+def openai_error_response(exc: ApiError, field_names: dict[str, str] | None = None) -> JSONResponse:
+    """OpenAI's shape; `param` is the first failing field, renamed by `field_names` (native -> OpenAI)."""
+    details = exc.details or {}
+    fields = details.get("fields") or [details.get("field")]
+    param = (field_names or {}).get(fields[0], fields[0])
+    kind = OPENAI_ERROR_TYPES.get(exc.status, "server_error" if exc.status >= 500 else "invalid_request_error")
+    headers = {}
+    if exc.retry_after_ms is not None:
+        headers["Retry-After"] = str(max(1, -(-exc.retry_after_ms // 1000)))  # whole seconds, as the native API
+    if exc.status == 409:
+        headers["x-should-retry"] = "false"  # the official clients otherwise retry a 409
+    return JSONResponse({"error": {"message": exc.message, "type": kind, "param": param, "code": exc.code}},
+                        status_code=exc.status, headers=headers)
 
 
 def install(app: FastAPI) -> None:

@@ -48,19 +48,27 @@ async def find_generation(db: GatewayDatabase, bridge: StreamBridge, settings: S
 async def wait_for_owned(db: GatewayDatabase, bridge: StreamBridge, settings: Settings, tenant_id: str,
                          generation_id: str) -> dict:
     started = time.monotonic()
-    deadline = started + settings.read_your_writes_wait_s
-    while (remaining := deadline - time.monotonic()) > 0:
+    async with bridge.attending(generation_id):  # not in this gateway's share: read its partition meanwhile
+        status = await poll_status(db, bridge, tenant_id, generation_id, started + settings.read_your_writes_wait_s)
+    if status is not None:
+        log.info("owned generation found generation=%s waited_ms=%.1f in_bridge=%s", generation_id,
+                 (time.monotonic() - started) * 1000, bridge.view(generation_id) is not None)
+        return status
+    log.warning("owned generation not readable generation=%s waited_s=%.1f bridge_caught_up=%s", generation_id,
+                settings.read_your_writes_wait_s, bridge.caught_up)
+    raise ApiError(503, "generation_unavailable", "this generation is admitted but not readable on this gateway "
+                   "yet; retry", {"generationId": generation_id}, settings.retry_after_ms)
+
+
+async def poll_status(db: GatewayDatabase, bridge: StreamBridge, tenant_id: str, generation_id: str,
+                      deadline: float) -> dict | None:
+    while True:
+        status = await read_status(db, bridge, tenant_id, generation_id)  # the backfill may have found it
+        remaining = deadline - time.monotonic()
+        if status is not None or remaining <= 0:
+            return status
         try:
             async with asyncio.timeout(min(POLL_S, remaining)):
                 await bridge.advanced.wait()
         except TimeoutError:
             pass
-        status = await read_status(db, bridge, tenant_id, generation_id)
-        if status is not None:
-            log.info("owned generation found generation=%s waited_ms=%.1f in_bridge=%s", generation_id,
-                     (time.monotonic() - started) * 1000, bridge.view(generation_id) is not None)
-            return status
-    log.warning("owned generation not readable generation=%s waited_s=%.1f bridge_caught_up=%s", generation_id,
-                settings.read_your_writes_wait_s, bridge.caught_up)
-    raise ApiError(503, "generation_unavailable", "this generation is admitted but not readable on this gateway "
-                   "yet; retry", {"generationId": generation_id}, settings.retry_after_ms)

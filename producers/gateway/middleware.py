@@ -10,8 +10,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from plumbing.telemetry.metrics import GatewayMetrics
-from producers.gateway.errors import ApiError, error_response
-from producers.gateway.openai_api import error_response as openai_error
+from producers.gateway.errors import ApiError, error_response, openai_error_response
 
 ADMISSION_PATHS = frozenset({"/v1/generations", "/v1/completions", "/v1/chat/completions"})
 OPENAI_PREFIXES = ("/v1/completions", "/v1/chat/completions", "/v1/models")
@@ -21,7 +20,7 @@ def too_large(path: str, limit: int):
     """413 in the error shape of the route: OpenAI's for the OpenAI-compatible routes, the native one elsewhere."""
     error = ApiError(413, "body_too_large", f"the request body exceeds {limit} bytes", {"limitBytes": limit})
     if path.startswith(OPENAI_PREFIXES):
-        return openai_error(error)
+        return openai_error_response(error)
     return error_response(error.status, error.code, error.message, error.details)
 
 

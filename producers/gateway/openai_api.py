@@ -33,7 +33,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from producers.gateway.database import Principal
-from producers.gateway.errors import ApiError
+from producers.gateway.errors import ApiError, openai_error_response
+from producers.gateway.gateway import principal_of
 from producers.gateway.openai_chunks import End, Piece, TokenTexts, end_of
 from producers.gateway.openai_reply import Reply, answer, stream
 from producers.gateway.openai_requests import (
@@ -48,27 +49,16 @@ from producers.gateway.submit import submit_generation
 from producers.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
 if TYPE_CHECKING:
-    from producers.gateway.app import Gateway
+    from producers.gateway.gateway import Gateway
 
 log = logging.getLogger(__name__)
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 409: "conflict_error", 429: "rate_limit_error"}
 REQUEST_ID_CHARS = set(chr(c) for c in range(0x21, 0x7f))
 
 
 def error_response(exc: ApiError) -> JSONResponse:
-    details = exc.details or {}
-    fields = details.get("fields") or [details.get("field")]
-    param = OPENAI_FIELD.get(fields[0], fields[0])
-    kind = ERROR_TYPES.get(exc.status, "server_error" if exc.status >= 500 else "invalid_request_error")
-    headers = {}
-    if exc.retry_after_ms is not None:
-        headers["Retry-After"] = str(max(1, -(-exc.retry_after_ms // 1000)))  # whole seconds, as the native API
-    if exc.status == 409:
-        headers["x-should-retry"] = "false"
-    return JSONResponse({"error": {"message": exc.message, "type": kind, "param": param, "code": exc.code}},
-                        status_code=exc.status, headers=headers)
+    """OpenAI's error shape (`errors.py`), naming the OpenAI field where a native one failed."""
+    return openai_error_response(exc, OPENAI_FIELD)
 
 
 def validation_error(exc: ValidationError) -> ApiError:
@@ -113,9 +103,6 @@ class OpenAIApi:
     def __init__(self, gateway: "Gateway") -> None:
         self.gateway = gateway
 
-    async def principal_of(self, request: Request) -> Principal:
-        return await self.gateway.principal(request)
-
     def model_card(self, name: str) -> dict:
         target = self.gateway.catalog.target(name)
         return {"id": name, "object": "model", "created": int(target.created_at.timestamp()),
@@ -123,26 +110,26 @@ class OpenAIApi:
                 "permission": []}
 
     async def models(self, request: Request) -> JSONResponse:
-        await self.principal_of(request)
+        await principal_of(request)
         return JSONResponse({"object": "list",
                              "data": [self.model_card(name) for name in self.gateway.catalog.names()]})
 
     async def model(self, request: Request, name: str) -> JSONResponse:
-        await self.principal_of(request)
+        await principal_of(request)
         return JSONResponse(self.model_card(name))
 
     async def tokenize(self, request: Request) -> JSONResponse:
-        await self.principal_of(request)
+        await principal_of(request)
         body = await read_body(request, TokenizeRequest)
         return JSONResponse(await asyncio.to_thread(tokenize, self.gateway.catalog, body))
 
     async def detokenize(self, request: Request) -> JSONResponse:
-        await self.principal_of(request)
+        await principal_of(request)
         body = await read_body(request, DetokenizeRequest)
         return JSONResponse(await asyncio.to_thread(detokenize, self.gateway.catalog, body))
 
     async def generate(self, request: Request, kind: type[OpenAIRequest]):
-        principal = await self.principal_of(request)
+        principal = await principal_of(request)
         started = time.perf_counter()
         body = await read_body(request, kind)
         body.check_supported()

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from fastapi import WebSocket
 from fastapi.responses import StreamingResponse
 
-from producers.gateway.bridge import FinalEvent, GenerationView, StreamBridge
+from producers.gateway.bridge import StreamBridge
+from producers.gateway.generation_view import FinalEvent, GenerationView
 from producers.gateway.database import GatewayDatabase
 from producers.gateway.presence import Presence
 from producers.gateway.errors import ApiError

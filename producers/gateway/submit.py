@@ -18,7 +18,7 @@ from schemas.replies import AdmissionDecision
 
 if TYPE_CHECKING:
     from producers.gateway.admission import AdmissionClient
-    from producers.gateway.app import Gateway
+    from producers.gateway.gateway import Gateway
 
 log = logging.getLogger(__name__)
 

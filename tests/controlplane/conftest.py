@@ -276,7 +276,11 @@ async def worker(start_worker, controller):
 async def gateway(cp_kafka, database_url, cp_settings, versions, controller):
     from producers.gateway.app import create_app
 
-    app = create_app(cp_settings, cp_kafka("gateway"), database_url)
+    # This gateway reads and decodes every partition, as gateways did before they shared the token stream, so
+    # a test can watch any generation's tokens on its bridge; sharing is tested with gateway processes
+    # (test_gateway_sharing.py, test_read_your_writes.py).
+    app = create_app(cp_settings.model_copy(update={"gateway_share_stream": False}), cp_kafka("gateway"),
+                     database_url)
     await app.state.gateway.start()
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway", timeout=60)
     client.gateway = app.state.gateway

@@ -31,7 +31,7 @@ def test_an_interrupt_replayed_ahead_of_its_tokens_ends_the_stream_after_them_on
     clock.now += FINAL_GRACE_S + 1
     bridge.sweep_once()
     assert view.final is None  # still replaying: more of llm.tokens may be unread
-    bridge.follower.caught_up.set()
+    bridge.tail.owned.caught_up.set()
     bridge.sweep_once()
     assert (view.final.reason, view.final.usage_label, view.final.seq) == ("interrupted", "interrupted", 4)
     assert view.status == "interrupted" and 1 in view.dead_epochs
@@ -39,7 +39,7 @@ def test_an_interrupt_replayed_ahead_of_its_tokens_ends_the_stream_after_them_on
 
 def test_a_live_interrupt_ends_at_once_and_later_tokens_of_its_epoch_are_ignored():
     bridge = StreamBridge("unused:9092", clock=Clock())
-    bridge.follower.caught_up.set()
+    bridge.tail.owned.caught_up.set()
     gen_id, tenant = "gen_live", "tenant-l"
     bridge.on_event("llm.generations", make_event("Admitted", tenant, gen_id))
     for event in tokens(gen_id, tenant, (1, 2)):
@@ -59,7 +59,7 @@ def test_a_live_interrupt_read_before_the_tokens_its_watermark_counts_waits_for_
 
     clock = Clock()
     bridge = StreamBridge("unused:9092", clock=clock)
-    bridge.follower.caught_up.set()
+    bridge.tail.owned.caught_up.set()
     gen_id, tenant = "gen_lagging", "tenant-w"
     bridge.on_event("llm.generations", make_event("Admitted", tenant, gen_id))
     watermark = make_event("UsageReported", tenant, gen_id)

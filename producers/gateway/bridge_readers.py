@@ -1,0 +1,213 @@
+"""The stream bridge's two live readers of `llm.generations` + `llm.tokens`.
+
+    gateway group (RangeAssignor) ──▶ OwnedReader: this gateway's share of partitions ──┐
+    partitions of local subscribers                                                     ├─▶ bridge.take(records)
+        owned by another gateway  ──▶ GuestReader: manually assigned, same partition ───┘
+
+Both topics are keyed by generation id with the same partition count, so one
+generation's lifecycle and tokens sit in the same-numbered partition of each.
+The range assignor gives a member the same-numbered partitions of every topic
+it subscribes to (aiokafka has range and round-robin, no sticky or cooperative
+protocol; round-robin, aiokafka's default, would split a partition number across
+gateways whenever the partition count times two is not a multiple of the gateways), so a
+gateway owns whole generations. A rebalance is eager: on revoke, a partition
+with a local subscriber moves to the guest reader at the exact next offset the
+owner had not handled yet (no gap, no repeat); on assign, the new owner starts
+where the projections stand (or where its guest reader was, if earlier).
+
+Each reader remembers, per partition, the next offset it has not handled: the
+point where a new subscriber's backfill stops and live reading takes over.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+
+from plumbing.kafka.clients import Kafka, make_consumer
+from schemas.topics import GENERATIONS, TOKENS
+
+log = logging.getLogger(__name__)
+
+BRIDGE_TOPICS = (GENERATIONS, TOKENS)
+Sink = Callable[[list[ConsumerRecord], bool], None]
+# A reader starts a partition at an offset: (tp, offset, whether that is where the projections stand)
+Started = Callable[[TopicPartition, int, bool], None]
+Positions = Callable[[AIOKafkaConsumer, list[TopicPartition]], Awaitable[dict[TopicPartition, int]]]
+
+
+def topic_partitions(partition: int) -> list[TopicPartition]:
+    return [TopicPartition(topic, partition) for topic in BRIDGE_TOPICS]
+
+
+class PartitionReader:
+    owned = False
+
+    def __init__(self, sink: Sink, after_batch: Callable[[], None], started: Started) -> None:
+        self.sink = sink
+        self.started = started
+        self.after_batch = after_batch
+        self.consumer: AIOKafkaConsumer | None = None
+        self.next_offsets: dict[TopicPartition, int] = {}
+
+    async def poll_once(self, timeout_ms: int) -> None:
+        batches = await self.consumer.getmany(timeout_ms=timeout_ms)
+        handled = False
+        for tp, records in batches.items():
+            expected = self.next_offsets.get(tp)
+            if expected is None:
+                continue  # fetched before the partition left this reader
+            if records[0].offset < expected:  # fetched before a seek: already handled
+                records = [r for r in records if r.offset >= expected]
+            if records:
+                self.sink(records, self.owned)
+                self.next_offsets[tp] = records[-1].offset + 1
+                handled = True
+        if handled:
+            self.after_batch()
+
+    async def stop(self) -> None:
+        if self.consumer is not None:
+            await self.consumer.stop()
+
+
+class OwnedReader(PartitionReader):
+    """This gateway's share of the partitions, through the gateways' consumer group."""
+
+    owned = True
+
+    def __init__(self, kafka: Kafka, group: str, positions: Positions, sink: Sink, after_batch: Callable[[], None],
+                 started: Started,
+                 on_revoked: Callable[[dict[TopicPartition, int]], Awaitable[None]],
+                 on_assigned: Callable[[list[TopicPartition]], Awaitable[dict[TopicPartition, int]]]) -> None:
+        super().__init__(sink, after_batch, started)
+        self.kafka, self.group, self.positions = kafka, group, positions
+        self.on_revoked, self.on_assigned = on_revoked, on_assigned
+        self.caught_up = asyncio.Event()
+        self.assigned_once = asyncio.Event()
+        self._ends: dict[TopicPartition, int] = {}
+
+    async def start(self) -> None:
+        self.consumer = make_consumer(self.kafka, group_id=self.group, client_id="gateway-bridge",
+                                      auto_offset_reset="latest", session_timeout_ms=10000,
+                                      heartbeat_interval_ms=1000,
+                                      partition_assignment_strategy=(RangePartitionAssignor,))
+        await self.consumer.start()
+        self.consumer.subscribe(list(BRIDGE_TOPICS), listener=_Listener(self))
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted({tp.partition for tp in self.next_offsets})
+
+    async def revoked(self, tps: set[TopicPartition]) -> None:
+        handed = {tp: self.next_offsets.pop(tp) for tp in tps if tp in self.next_offsets}
+        await self.on_revoked(handed)
+
+    async def assigned(self, tps: set[TopicPartition]) -> None:
+        if tps:
+            starts = await self.positions(self.consumer, sorted(tps))
+            projected = dict(starts)
+            for tp, offset in (await self.on_assigned(sorted(tps))).items():
+                starts[tp] = min(starts[tp], offset)  # the guest reader's position, where it is earlier
+            for tp in tps:
+                self.consumer.seek(tp, starts[tp])
+                self.next_offsets[tp] = starts[tp]
+                self.started(tp, starts[tp], starts[tp] <= projected[tp])
+            if not self.assigned_once.is_set():
+                self._ends = {tp: end for tp, end in (await self.consumer.end_offsets(sorted(tps))).items()}
+        log.info("bridge owns partitions=%s", sorted({tp.partition for tp in tps}))
+        self.assigned_once.set()
+
+    async def poll_once(self, timeout_ms: int) -> None:
+        await super().poll_once(timeout_ms)
+        if not self.caught_up.is_set() and self.assigned_once.is_set():
+            await self._check_caught_up()
+
+    async def _check_caught_up(self) -> None:
+        """Caught up: every partition of the first assignment read to the end it had then (or moved away)."""
+        remaining = {}
+        for tp, end in self._ends.items():
+            try:
+                behind = tp in self.next_offsets and await self.consumer.position(tp) < end
+            except Exception:  # noqa: BLE001 - revoked while asking: no longer ours to read
+                behind = False
+            if behind:
+                remaining[tp] = end
+        self._ends = remaining
+        if not remaining:
+            self.caught_up.set()
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, reader: OwnedReader) -> None:
+        self.reader = reader
+
+    async def on_partitions_revoked(self, revoked) -> None:
+        await self.reader.revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned) -> None:
+        await self.reader.assigned(set(assigned))
+
+
+class GuestReader(PartitionReader):
+    """Partitions another gateway owns, followed only while a local subscriber needs one of their generations."""
+
+    def __init__(self, kafka: Kafka, sink: Sink, after_batch: Callable[[], None], started: Started) -> None:
+        super().__init__(sink, after_batch, started)
+        self.kafka = kafka
+        self.changed = asyncio.Event()
+        self.lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        self.consumer = make_consumer(self.kafka, client_id="gateway-bridge-guest", auto_offset_reset="latest")
+        await self.consumer.start()
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted({tp.partition for tp in self.next_offsets})
+
+    async def follow(self, starts: dict[TopicPartition, int | None]) -> dict[TopicPartition, int]:
+        """Follow these partitions from these offsets (None: the end now); returns where each starts."""
+        async with self.lock:
+            wanted = {tp: start for tp, start in starts.items() if tp not in self.next_offsets}
+            if not wanted:
+                return {tp: self.next_offsets[tp] for tp in starts}
+            self.consumer.assign([*self.next_offsets, *wanted])  # a new assignment forgets every position
+            for tp, offset in self.next_offsets.items():
+                self.consumer.seek(tp, offset)
+            for tp, start in wanted.items():
+                if start is None:
+                    await self.consumer.seek_to_end(tp)
+                    start = await self.consumer.position(tp)
+                else:
+                    self.consumer.seek(tp, start)
+                self.next_offsets[tp] = start
+                self.started(tp, start, False)  # where the owner stopped: what is held goes on
+            log.info("bridge guest follows partitions=%s", self.partitions)
+            self.changed.set()
+            return {tp: self.next_offsets[tp] for tp in starts}
+
+    async def release(self, partition: int) -> dict[TopicPartition, int]:
+        """Stop following `partition`; returns where it stood."""
+        async with self.lock:
+            left = {tp: self.next_offsets.pop(tp) for tp in topic_partitions(partition) if tp in self.next_offsets}
+            if left:
+                self.consumer.assign(list(self.next_offsets))
+                for tp, offset in self.next_offsets.items():
+                    self.consumer.seek(tp, offset)
+            return left
+
+    async def poll_once(self, timeout_ms: int) -> None:
+        if not self.next_offsets:
+            self.changed.clear()
+            try:
+                async with asyncio.timeout(timeout_ms / 1000):
+                    await self.changed.wait()
+            except TimeoutError:
+                pass
+            return
+        async with self.lock:
+            await super().poll_once(min(timeout_ms, 100))  # short: a new subscriber's assignment waits for it
