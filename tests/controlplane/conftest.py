@@ -107,13 +107,13 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 async def versions(bootstrap, topics, model_dir) -> dict[str, str]:
-    """Registered versions: `served` (shared workers), `drained`/`killable`/... (one test's own), `idle` (no worker),
+    """Registered versions: `served` (shared workers), `drained`/`killable`/`paced`/... (one test's own), `idle` (no worker),
     `stable`/`canary` (the same files under two names: an alias's members)."""
     from producers.model_registry import register_model
 
     names = {role: f"cp-{role}-{SESSION}@1"
              for role in ("served", "drained", "killable", "batch", "coalesced", "idle", "stable", "canary",
-                          "failing", "crashing", "refusing")}
+                          "failing", "crashing", "refusing", "paced")}
     for name in names.values():
         await register_model(bootstrap, model_dir, name)
     return names
@@ -272,6 +272,29 @@ async def worker(start_worker, controller):
     return worker
 
 
+def pace_steps(engine, seconds: float) -> None:
+    """Each engine step takes at least `seconds`: a generation outlasts what a test does meanwhile."""
+    step = engine.step
+
+    def paced():
+        started = time.monotonic()
+        outputs = step()
+        time.sleep(max(0.0, seconds - (time.monotonic() - started)))  # the engine thread's own pace, not a wait
+        return outputs
+
+    engine.step = paced
+
+
+@pytest.fixture(scope="session")
+async def paced_worker(start_worker, controller):
+    """The one worker of `paced`, every engine step at least 10 ms: a 400-token generation lasts 4 s or more,
+    so a cancel a test sends after its first tokens lands before its end however loaded the machine is (the
+    tiny model alone can finish 400 tokens before a cancel's round trip)."""
+    worker = await start_worker("paced")
+    pace_steps(worker.engine, 0.01)
+    return worker
+
+
 @pytest.fixture(scope="session")
 async def gateway(cp_kafka, database_url, cp_settings, versions, controller):
     from producers.gateway.app import create_app
@@ -323,6 +346,17 @@ async def wait_until(predicate, timeout_s: float, step_s: float = 0.02, what: st
             return value
         await asyncio.sleep(step_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+async def post_until_admitted(client, url: str, timeout_s: float = 30, **kwargs):
+    """POST, again while the answer is 503 (a worker started just now is not yet live to the controller), as a
+    client honouring Retry-After does; the last answer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = await client.post(url, **kwargs)
+        if response.status_code != 503 or time.monotonic() > deadline:
+            return response
+        await asyncio.sleep(0.2)
 
 
 async def read_topic(bootstrap: str, topic: str, since_ms: int, match) -> list:

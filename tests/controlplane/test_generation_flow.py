@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests.controlplane.conftest import body, parse_sse, read_topic, wait_until
+from tests.controlplane.conftest import body, parse_sse, post_until_admitted, read_topic, wait_until
 
 
 async def test_stream_runs_to_the_end_with_ordered_seqs_and_terminal_before_final(
@@ -116,11 +116,11 @@ async def test_edges_unknown_model_invalid_body_and_missing_key(gateway, control
 
 
 async def test_cancel_after_first_tokens_frees_blocks_and_bills_generated_tokens(
-        gateway, worker, tenants, versions, bootstrap):
+        gateway, paced_worker, tenants, versions, bootstrap):
     since_ms = int(time.time() * 1000) - 1000
-    headers = tenants["main"].headers
-    created = await gateway.post("/v1/generations", headers=headers,
-                                 json=body(model=versions["served"], maxOutputTokens=480))
+    headers, worker = tenants["main"].headers, paced_worker
+    created = await post_until_admitted(gateway, "/v1/generations", headers=headers,
+                                        json=body(model=versions["paced"], maxOutputTokens=480))
     gen_id = created.json()["id"]
     bridge = gateway.gateway.bridge
     await wait_until(lambda: (v := bridge.view(gen_id)) and len(v.tokens) >= 2, 20, what="first tokens")

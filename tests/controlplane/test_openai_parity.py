@@ -9,7 +9,7 @@ import psycopg
 import pytest
 import torch
 
-from tests.controlplane.conftest import body, parse_sse, wait_until
+from tests.controlplane.conftest import body, parse_sse, post_until_admitted, wait_until
 from tests.controlplane.test_openai_api import CHAT, make_client, prompt_tokens
 
 LONG_CHAT = [{"role": "user", "content": "the water is cold, the sky is grey, and the wind comes from the sea"}]
@@ -191,20 +191,20 @@ async def test_n_choices_stream_with_their_index_and_usage_and_bill_count_all_of
     assert billed == (usage.prompt_tokens, 18)
 
 
-async def test_cancel_of_an_n_choice_generation_ends_every_choice(gateway, worker, tenants, versions):
+async def test_cancel_of_an_n_choice_generation_ends_every_choice(gateway, paced_worker, tenants, versions):
     headers, bridge = tenants["main"].headers, gateway.gateway.bridge
-    created = await gateway.post("/v1/generations", headers=headers,
-                                 json=body(model=versions["served"], maxOutputTokens=480, n=3, temperature=1.0,
-                                           ignoreEos=True))
+    created = await post_until_admitted(gateway, "/v1/generations", headers=headers,
+                                        json=body(model=versions["paced"], maxOutputTokens=400, n=3,
+                                                  temperature=1.0, ignoreEos=True))
     gen_id = created.json()["id"]
-    # Cancel at the first token event: waiting for all three choices gave a loaded machine time to finish them.
-    await wait_until(lambda: (v := bridge.view(gen_id)) and v.tokens, 20, what="first tokens")
+    await wait_until(lambda: (v := bridge.view(gen_id)) and len({t.choice for t in v.tokens}) == 3, 20,
+                     what="tokens of all three choices")
     await gateway.post(f"/v1/generations/{gen_id}/cancel", headers=headers)
     view = await wait_until(lambda: (v := bridge.view(gen_id)) and v.final and v, 20, what="the end")
     assert view.final.reason == "canceled"
     assert {t.choice: t.choice_end for t in view.tokens if t.choice_end} == {0: "canceled", 1: "canceled",
                                                                              2: "canceled"}
-    assert view.final.usage.generated_output_tokens == sum(len(t.token_ids) for t in view.tokens) < 1440
+    assert view.final.usage.generated_output_tokens == sum(len(t.token_ids) for t in view.tokens) < 1200
 
 
 async def test_native_api_takes_response_format_penalties_and_logprobs(gateway, worker, tenants, versions):

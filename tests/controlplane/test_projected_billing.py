@@ -12,7 +12,7 @@ from migrations import runner
 from projections.audit import audit_replay
 from projections.registry import all_projections
 from projections.runtime import Projector
-from tests.controlplane.conftest import body, wait_until
+from tests.controlplane.conftest import body, post_until_admitted, wait_until
 
 
 async def project_all(bootstrap: str, database_url: str) -> None:
@@ -24,12 +24,12 @@ async def project_all(bootstrap: str, database_url: str) -> None:
 
 
 async def test_a_real_workload_is_billed_from_watermarks_and_replays_exactly(
-        gateway, worker, tenants, versions, bootstrap, database_url, scratch_database):
+        gateway, worker, paced_worker, tenants, versions, bootstrap, database_url, scratch_database):
     headers = tenants["main"].headers
     done = (await gateway.post("/v1/generations?wait=true", headers=headers,
                                json=body(model=versions["served"], maxOutputTokens=6))).json()
-    created = await gateway.post("/v1/generations", headers=headers,
-                                 json=body(model=versions["served"], maxOutputTokens=400))
+    created = await post_until_admitted(gateway, "/v1/generations", headers=headers,
+                                        json=body(model=versions["paced"], maxOutputTokens=400))
     canceled_id = created.json()["id"]
     bridge = gateway.gateway.bridge
     await wait_until(lambda: (v := bridge.view(canceled_id)) and len(v.tokens) >= 2, 20, what="first tokens")

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from plumbing.settings import Settings
 from projections.registry import all_projections
 from projections.runtime import Projector
 from producers.gateway.streams import SLOW_CONSUMER_GRACE_S
-from tests.controlplane.conftest import body, wait_until
+from tests.controlplane.conftest import body, post_until_admitted, wait_until
 
 
 def parse_sse_ids(raw: bytes) -> list[tuple[int | None, str, dict]]:
@@ -301,7 +302,7 @@ async def test_the_websocket_stream_resumes_after_a_seq_refuses_other_tenants_an
 
 
 async def test_an_interactive_generation_nobody_watches_is_canceled_after_the_grace_and_batch_is_not(
-        gateway, worker, tenants, versions):
+        gateway, paced_worker, tenants, versions):
     tenant = tenants["main"]
     app_gateway = gateway.gateway
     settings = app_gateway.settings
@@ -309,8 +310,8 @@ async def test_an_interactive_generation_nobody_watches_is_canceled_after_the_gr
     try:
         outcomes = {}
         for tier in ("interactive", "batch"):
-            created = await gateway.post("/v1/generations", headers=tenant.headers,
-                                         json=body(model=versions["served"], maxOutputTokens=480, tier=tier))
+            created = await post_until_admitted(gateway, "/v1/generations", headers=tenant.headers,
+                                                json=body(model=versions["paced"], maxOutputTokens=480, tier=tier))
             assert created.status_code == 201
             gen_id = created.json()["id"]
             await wait_until(lambda g=gen_id: app_gateway.bridge.view(g), 10, what="the bridge's view")
