@@ -72,8 +72,8 @@ class AsgiClient:
 
 
 async def start_generation(gateway, tenant, model: str, tokens: int) -> str:
-    created = await gateway.post("/v1/generations", headers=tenant.headers,
-                                 json=body(model=model, maxOutputTokens=tokens))
+    created = await post_until_admitted(gateway, "/v1/generations", headers=tenant.headers,
+                                        json=body(model=model, maxOutputTokens=tokens))
     assert created.status_code == 201
     gen_id = created.json()["id"]
     # The status comes from the projection or the bridge; the projector does not run here, so wait for the bridge.
@@ -91,9 +91,9 @@ def tokens_of(events) -> list[tuple[int | None, dict]]:
 
 
 async def test_a_stream_cut_mid_way_resumes_with_last_event_id_and_carries_every_token_once(
-        gateway, worker, tenants, versions):
+        gateway, paced_worker, tenants, versions):
     tenant = tenants["main"]
-    gen_id = await start_generation(gateway, tenant, versions["served"], 30)
+    gen_id = await start_generation(gateway, tenant, versions["paced"], 30)  # paced: the cut falls mid-stream
     cut = AsgiClient(gateway._transport.app, f"/v1/generations/{gen_id}/events", tenant.headers,
                      hang_up_after_tokens=5)
     first = await cut.run()
