@@ -7,12 +7,13 @@ attempt — is written to reconciliation for the operator, never invoiced.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
 
-from projections.usage import watermark
+from schemas.values import Usage
 
 
 @dataclass(frozen=True)
@@ -25,41 +26,61 @@ class SealInput:
     end_reason: str
     usage_label: str  # "final" | "interrupted"
     sealed_at: datetime
+    usage: Usage  # the attempt's recorded watermark at the seal
 
 
-def seal(conn: psycopg.Connection, s: SealInput) -> bool:
-    """Write the sealed bill; False when this generation was already sealed."""
-    usage = watermark(conn, s.generation_id, s.epoch)
-    used = usage.processed_input_tokens + usage.generated_output_tokens
-    inserted = conn.execute(
-        """
-        INSERT INTO billing_ledger (generation_id, tenant_id, epoch, model_version, end_reason, usage_label,
-                                    billed_input_tokens, billed_cached_input_tokens, billed_output_tokens,
-                                    reserved_tokens, released_tokens, sealed_at)
-        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-        ON CONFLICT (generation_id) DO NOTHING RETURNING 1
-        """,
-        (s.generation_id, s.tenant_id, s.epoch, s.model_version, s.end_reason, s.usage_label,
-         usage.processed_input_tokens, usage.cached_input_tokens, usage.generated_output_tokens,
-         s.reserved_tokens, max(0, s.reserved_tokens - used), s.sealed_at)).fetchone() is not None
-    if not inserted:
-        return False
-    conn.execute(
-        """
-        INSERT INTO tenant_usage_hourly (tenant_id, hour, generations, input_tokens, cached_input_tokens, output_tokens)
-        VALUES (%s, date_trunc('hour', %s::timestamptz AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', 1, %s, %s, %s)
-        ON CONFLICT (tenant_id, hour) DO UPDATE SET
-            generations = tenant_usage_hourly.generations + 1,
-            input_tokens = tenant_usage_hourly.input_tokens + EXCLUDED.input_tokens,
-            cached_input_tokens = tenant_usage_hourly.cached_input_tokens + EXCLUDED.cached_input_tokens,
-            output_tokens = tenant_usage_hourly.output_tokens + EXCLUDED.output_tokens
-        """,
-        (s.tenant_id, s.sealed_at, usage.processed_input_tokens, usage.cached_input_tokens,
-         usage.generated_output_tokens))
-    if s.usage_label == "interrupted":
-        lock_generations(conn, [s.generation_id])
-        refresh_unbilled_tail(conn, s.generation_id)
-    return True
+def seal_all(conn: psycopg.Connection, seals: Sequence[SealInput]) -> set[str]:
+    """Write the sealed bills of distinct generations; the ids sealed now (the others were sealed before).
+
+    One INSERT for the bills, one upsert for the hourly totals of the bills written (summed per tenant and
+    hour first: one statement may not update a row twice; the totals are sums, so order does not matter).
+    """
+    if not seals:
+        return set()
+    rows = conn.execute(INSERT_BILLS, [
+        [s.generation_id for s in seals], [s.tenant_id for s in seals], [s.epoch for s in seals],
+        [s.model_version for s in seals], [s.end_reason for s in seals], [s.usage_label for s in seals],
+        [s.usage.processed_input_tokens for s in seals], [s.usage.cached_input_tokens for s in seals],
+        [s.usage.generated_output_tokens for s in seals], [s.reserved_tokens for s in seals],
+        [max(0, s.reserved_tokens - s.usage.processed_input_tokens - s.usage.generated_output_tokens)
+         for s in seals],
+        [s.sealed_at for s in seals]]).fetchall()
+    sealed = {row[0] for row in rows}
+    new = [s for s in seals if s.generation_id in sealed]
+    if new:
+        conn.execute(ADD_HOURLY, [
+            [s.tenant_id for s in new], [s.sealed_at for s in new], [s.usage.processed_input_tokens for s in new],
+            [s.usage.cached_input_tokens for s in new], [s.usage.generated_output_tokens for s in new]])
+    interrupted = [s.generation_id for s in new if s.usage_label == "interrupted"]
+    if interrupted:
+        lock_generations(conn, interrupted)
+        for generation_id in interrupted:
+            refresh_unbilled_tail(conn, generation_id)
+    return sealed
+
+
+INSERT_BILLS = """
+    INSERT INTO billing_ledger (generation_id, tenant_id, epoch, model_version, end_reason, usage_label,
+                                billed_input_tokens, billed_cached_input_tokens, billed_output_tokens,
+                                reserved_tokens, released_tokens, sealed_at)
+    SELECT * FROM unnest(%s::text[], %s::text[], %s::int[], %s::text[], %s::text[], %s::text[], %s::bigint[],
+                         %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::timestamptz[])
+    ON CONFLICT (generation_id) DO NOTHING RETURNING generation_id
+    """
+
+ADD_HOURLY = """
+    INSERT INTO tenant_usage_hourly (tenant_id, hour, generations, input_tokens, cached_input_tokens, output_tokens)
+    SELECT tenant_id, date_trunc('hour', sealed_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', count(*),
+           sum(input_tokens), sum(cached_input_tokens), sum(output_tokens)
+    FROM unnest(%s::text[], %s::timestamptz[], %s::bigint[], %s::bigint[], %s::bigint[])
+         AS s(tenant_id, sealed_at, input_tokens, cached_input_tokens, output_tokens)
+    GROUP BY 1, 2
+    ON CONFLICT (tenant_id, hour) DO UPDATE SET
+        generations = tenant_usage_hourly.generations + EXCLUDED.generations,
+        input_tokens = tenant_usage_hourly.input_tokens + EXCLUDED.input_tokens,
+        cached_input_tokens = tenant_usage_hourly.cached_input_tokens + EXCLUDED.cached_input_tokens,
+        output_tokens = tenant_usage_hourly.output_tokens + EXCLUDED.output_tokens
+    """
 
 
 def lock_generations(conn: psycopg.Connection, generation_ids: list[str]) -> None:
