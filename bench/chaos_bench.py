@@ -1,8 +1,10 @@
 """`ledgerlm bench chaos --json PATH`: faults under a steady streaming load; afterwards, counts that must be 0.
 
     own stack under <home>/chaos-stack: 3-broker KRaft cluster (RF 3, min ISR 2) + PostgreSQL, free ports
-    roles as real processes under a supervisor: controller, worker, projector, gateway (HTTP on 127.0.0.1)
-    load:    a streaming client every 1/rate s, two tenants; each resumes with Last-Event-ID when cut
+    roles as real processes under a supervisor: controller, worker, projector, gateway (HTTP on 127.0.0.1),
+             or `instances` of each (bench/chaos_fleet.py)
+    load:    a streaming client every 1/rate s, two tenants; each resumes with Last-Event-ID when cut, on
+             another gateway when its own is down; every request tallied (bench/chaos_gateways.py)
     faults:  one after another, `gap_s` apart, while the load runs (bench/chaos_faults.py)
     checks:  stuck, audit_differences, overbilled, duplicate_seqs, missing_seqs, unreleased_reservations,
              lost_events (bench/chaos_checks.py); every violation behind a count, with its evidence and the
@@ -28,9 +30,10 @@ import httpx
 from bench import chaos_checks as checks
 from bench import chaos_faults as faults
 from bench.chaos_clients import ClientResult, SteadyLoad
+from bench.chaos_fleet import Fleet, build_fleet, fault_steps, faults_for, wait_started
+from bench.chaos_gateways import Availability
 from bench.chaos_roles import Role, stop_all, supervise
 from bench.chaos_violations import place
-from infra.ports import free_port
 from infra.services import LocalServices
 from plumbing.settings import Settings
 from schemas.topics import DAY_MS, TOKENS, TopicSpec
@@ -62,6 +65,14 @@ class ChaosConfig:
     broker_down_s: float = 20.0
     settle_s: float = 90.0
     client_deadline_s: float = 300.0
+    instances: int = 1  # of each role
+    faults: tuple[str, ...] | None = None  # None: every fault the instance count allows (chaos_fleet.py)
+    role_down_s: float = 5.0  # how long a killed gateway or controller stays down (its replica serves)
+
+    def __post_init__(self) -> None:
+        if self.instances < 1:
+            raise ValueError(f"instances must be at least 1, not {self.instances}")
+        faults_for(self.instances, self.faults)  # ValueError naming a fault unknown or impossible here
 
 
 def chaos_settings(config: ChaosConfig) -> Settings:
@@ -96,44 +107,40 @@ async def _run(config: ChaosConfig, settings: Settings, services: LocalServices,
     plane = f"chaos-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, **ROLE_ENV, "LEDGERLM_KAFKA_BOOTSTRAP": bootstrap, "LEDGERLM_DATABASE_URL": database_url,
            "LEDGERLM_HOME": str(config.home), "LEDGERLM_CONTROLLER_GROUP": plane}
-    logs = config.home / "logs"
-    port = free_port(0)
-    workers = iter(range(1, 1000))
-
-    def new_worker() -> Role:
-        n = next(workers)
-        return Role("worker", ["worker", "--model-version", setup["model"], "--worker-id", f"{plane}-w{n}"], env,
-                    logs / f"worker-{n}.log")
-
-    roles.update({"controller": Role("controller", ["controller"], env, logs / "controller.log"),
-                  "worker": new_worker(), "projector": Role("projector", ["project"], env, logs / "projector.log"),
-                  "gateway": Role("gateway", ["gateway", "--host", "127.0.0.1", "--port", str(port)], env,
-                                  logs / "gateway.log")})
+    fleet = build_fleet(config.instances, setup["model"], plane, env, config.home / "logs")
+    roles.update(fleet.roles)
     from plumbing.kafka.groups import move_group_to_end
 
     await move_group_to_end(bootstrap, plane, "llm.commands")
     for role in roles.values():
         role.start()
-    await roles["controller"].wait_for_log("controller owns partitions", 180)
-    await roles["worker"].wait_for_log("worker ready", 180)
+    await wait_started(fleet)
     stop_supervising = asyncio.Event()
     supervisor = asyncio.create_task(supervise(roles, stop_supervising))
-    https = [httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=httpx.Timeout(30, read=60),
-                               headers={"Authorization": f"Bearer {key}"}) for key in setup["api_keys"]]
+    tenants = [[httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=httpx.Timeout(30, read=60),
+                                  headers={"Authorization": f"Bearer {key}"}) for port in fleet.gateway_ports]
+               for key in setup["api_keys"]]
     try:
-        await wait_admitting(https[0], setup["model"], roles["gateway"])
+        for name, http in zip(fleet.named("gateway"), tenants[0]):
+            await wait_admitting(http, setup["model"], roles[name])
         ready_s = round(time.monotonic() - cluster.pop("began"), 1)
-        log.info("platform admitting seconds=%.1f", ready_s)
-        target = faults.Plane(services, bootstrap, database_url, roles, new_worker)
-        results, fault_log, probe = await load_under_faults(config, https, setup["model"], setup["prompts"], target)
+        log.info("platform admitting seconds=%.1f instances=%d", ready_s, config.instances)
+        target = faults.Plane(services, bootstrap, database_url, roles, fleet.new_worker)
+        tally = Availability()
+        results, fault_log, probe = await load_under_faults(config, tenants, setup["model"], setup["prompts"],
+                                                            target, fleet, tally)
         report = await measure(config, settings, bootstrap, database_url, plane, setup, results, probe,
                                      fault_log)
     finally:
         stop_supervising.set()
         await supervisor
-        for http in https:
+        for http in (http for clients in tenants for http in clients):
             await http.aclose()
-    report.update({"faults": len(fault_log.faults), "fault_log": fault_log.faults,
+    availability = tally.report()
+    availability["interrupted_generations"] = report["generations"]["by_end"].get("interrupted", 0)
+    report.update({"availability_error_fraction": availability["availability_error_fraction"],
+                   "availability": availability, "instances": config.instances,
+                   "faults": len(fault_log.faults), "fault_log": fault_log.faults,
                    "role_restarts": {name: role.crash_restarts for name, role in roles.items()},
                    "cluster": {**cluster, "ready_s": ready_s}, "topics": setup["topics"]})
     return report
@@ -181,19 +188,16 @@ async def wait_admitting(http: httpx.AsyncClient, model: str, gateway: Role, tim
                        f"{gateway.log.read_text(errors='replace')[-2000:]}")
 
 
-async def load_under_faults(config: ChaosConfig, https: list[httpx.AsyncClient], model: str, prompts: list[str],
-                            target: faults.Plane) -> tuple[list[ClientResult], faults.FaultLog, faults.Probe]:
-    load = SteadyLoad(https, model, prompts, config.output_tokens, config.rate, config.client_deadline_s)
+async def load_under_faults(config: ChaosConfig, tenants: list[list[httpx.AsyncClient]], model: str,
+                            prompts: list[str], target: faults.Plane, fleet: Fleet, tally: Availability
+                            ) -> tuple[list[ClientResult], faults.FaultLog, faults.Probe]:
+    load = SteadyLoad(tenants, model, prompts, config.output_tokens, config.rate, config.client_deadline_s, tally)
     probe, probe_stop = faults.Probe(target.bootstrap), asyncio.Event()
     fault_log = faults.FaultLog()
+    steps = fault_steps(faults_for(config.instances, config.faults), fleet, target, fault_log,
+                        load.ended_generation_ids, config.broker_down_s, config.role_down_s)
     running = asyncio.create_task(load.run(config.min_generations))
     probing = asyncio.create_task(probe.run(probe_stop))
-    steps = (lambda: faults.kill_worker(target, fault_log),
-             lambda: faults.kill_broker(target, fault_log, config.broker_down_s),
-             lambda: faults.restart_postgres(target, fault_log),
-             lambda: faults.kill_projector(target, fault_log),
-             lambda: faults.rebuild_projections(target, fault_log),
-             lambda: faults.inject_usage(target, fault_log, load.ended_generation_ids()))
     try:
         for number, step in enumerate(steps, start=1):
             await asyncio.sleep(config.gap_s)

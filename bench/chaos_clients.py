@@ -5,6 +5,9 @@ answer is the same generation, or a fresh admission when the first was never
 made), then reads `GET /v1/generations/{id}/events`. When the connection drops,
 the gateway answers 5xx, or the stream ends without its final event, it resumes
 with `Last-Event-ID: <last seq>`, and counts every seq it sees twice or never.
+After the final event it reads the generation's status once. Every request
+goes through a GatewayRoute (bench/chaos_gateways.py): to another gateway
+when one is down, each request tallied for availability.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import uuid
 from dataclasses import dataclass, field
 
 import httpx
+
+from bench.chaos_gateways import Availability, GatewayRoute
 
 RETRYABLE = {401, 404, 408, 425, 429, 500, 502, 503, 504}
 
@@ -47,8 +52,8 @@ class ClientResult:
 
 
 class StreamingClient:
-    def __init__(self, http: httpx.AsyncClient, model: str, prompt: str, output_tokens: int, deadline: float) -> None:
-        self.http, self.model, self.prompt, self.output_tokens = http, model, prompt, output_tokens
+    def __init__(self, route: GatewayRoute, model: str, prompt: str, output_tokens: int, deadline: float) -> None:
+        self.route, self.model, self.prompt, self.output_tokens = route, model, prompt, output_tokens
         self.deadline = deadline
         self.result = ClientResult(request_id=f"chaos-{uuid.uuid4().hex[:12]}")
 
@@ -56,6 +61,8 @@ class StreamingClient:
         try:
             if await self._submit():
                 await self._follow()
+                if self.result.final is not None:
+                    await self._read_status()
         except Exception as exc:  # one broken client is reported, it must not end the run
             self.result.errors.append(type(exc).__name__)
         self.result.ended_at = time.monotonic()
@@ -66,7 +73,7 @@ class StreamingClient:
                 "maxOutputTokens": self.output_tokens}
         while time.monotonic() < self.deadline:
             try:
-                response = await self.http.post("/v1/generations", json=body)
+                response = await self.route.request("admission", "POST", "/v1/generations", json=body)
             except httpx.HTTPError as exc:
                 self.result.errors.append(f"submit {type(exc).__name__}")
                 await asyncio.sleep(0.5)
@@ -87,7 +94,7 @@ class StreamingClient:
         while self.result.final is None and time.monotonic() < self.deadline:
             headers = {"Last-Event-ID": str(self.result.last_seq)} if self.result.last_seq else {}
             try:
-                async with self.http.stream("GET", url, headers=headers) as response:
+                async with self.route.stream(url, headers=headers) as response:
                     if response.status_code == 200:
                         await self._read(response)
                     elif response.status_code not in RETRYABLE:
@@ -100,6 +107,23 @@ class StreamingClient:
                 await asyncio.sleep(0.3)
         if self.result.final is None:
             self.result.errors.append("stream deadline")
+
+    async def _read_status(self) -> None:
+        """The generation's status, as a client checks it after its stream; retried while the answer is 503
+        (a projection behind the log) up to the deadline."""
+        while time.monotonic() < self.deadline:
+            try:
+                response = await self.route.request("status", "GET", f"/v1/generations/{self.result.generation_id}")
+            except httpx.HTTPError as exc:
+                self.result.errors.append(f"status {type(exc).__name__}")
+            else:
+                if response.status_code == 200:
+                    return
+                if response.status_code not in RETRYABLE:
+                    self.result.errors.append(f"status HTTP {response.status_code}")
+                    return
+            await asyncio.sleep(0.5)
+        self.result.errors.append("status deadline")
 
     async def _read(self, response: httpx.Response) -> None:
         buffer = ""
@@ -137,12 +161,13 @@ class StreamingClient:
 
 
 class SteadyLoad:
-    """Starts a client every 1/rate s, round robin over the tenants' HTTP clients, until told to stop."""
+    """Starts a client every 1/rate s, round robin over the tenants and, within a tenant, over the gateways it
+    first tries, until told to stop. `tenants[t][g]`: tenant t's HTTP client of gateway g."""
 
-    def __init__(self, https: list[httpx.AsyncClient], model: str, prompts: list[str], output_tokens: int,
-                 rate: float, client_deadline_s: float) -> None:
-        self.https, self.model, self.prompts, self.output_tokens = https, model, prompts, output_tokens
-        self.rate, self.client_deadline_s = rate, client_deadline_s
+    def __init__(self, tenants: list[list[httpx.AsyncClient]], model: str, prompts: list[str], output_tokens: int,
+                 rate: float, client_deadline_s: float, tally: Availability) -> None:
+        self.tenants, self.model, self.prompts, self.output_tokens = tenants, model, prompts, output_tokens
+        self.rate, self.client_deadline_s, self.tally = rate, client_deadline_s, tally
         self.clients: list[StreamingClient] = []
         self.keep_going = asyncio.Event()
 
@@ -155,8 +180,9 @@ class SteadyLoad:
         tasks: list[asyncio.Task] = []
         while self.keep_going.is_set() or len(tasks) < min_generations:
             n = len(self.clients)
-            client = StreamingClient(self.https[n % len(self.https)], self.model, self.prompts[n % len(self.prompts)],
-                                     self.output_tokens, time.monotonic() + self.client_deadline_s)
+            route = GatewayRoute(self.tenants[n % len(self.tenants)], n // len(self.tenants), self.tally)
+            client = StreamingClient(route, self.model, self.prompts[n % len(self.prompts)], self.output_tokens,
+                                     time.monotonic() + self.client_deadline_s)
             self.clients.append(client)
             tasks.append(asyncio.create_task(client.run()))
             await asyncio.sleep(1 / self.rate)

@@ -1,10 +1,14 @@
 """The faults of the chaos run, each a coroutine that injects one fault and returns when it is over.
 
-    worker     kill -9 the worker, start a new one (new id); its attempts end `interrupted` after the lease
+    worker     kill -9 a worker, start a new one (new id); its attempts end `interrupted` after the lease
+    gateway    kill -9 one gateway (of several), start it again after `role_down_s`; clients move to another
+    controller kill -9 one controller (of several); its llm.commands partitions move to the other one after
+               the group's session timeout, and come back when it is started again after `role_down_s`
     broker     kill -9 the broker leading llm.generations partition 0, leave it down, start it again
     postgres   stop (fast) and start PostgreSQL on the same port
-    projector  kill -9 the projector and start it again (it resumes from the offsets it stored)
+    projector  kill -9 a projector and start it again (it resumes from the offsets it stored)
     rebuild    drop the projections' database, create it, migrate, and project everything again from offset 0
+               (every projector stopped meanwhile)
     usage      re-publish already counted usage reports (same event, and same report under a new event id)
                and late reports after the seal, for generations that already ended
 """
@@ -55,14 +59,14 @@ class Plane:
     new_worker: Callable[[], Role]  # a worker role with a fresh worker id, not started
 
 
-async def kill_worker(plane: Plane, journal: FaultLog) -> None:
-    """kill -9 the worker with its attempts in flight and start another: until the new one has loaded its model
-    and heartbeated, admissions are 503 and clients retry."""
-    old, replacement = plane.roles["worker"], plane.new_worker()
+async def kill_worker(plane: Plane, journal: FaultLog, name: str = "worker") -> None:
+    """kill -9 a worker with its attempts in flight and start another: until the new one has loaded its model
+    and heartbeated, admissions go to the other workers, or are 503 (clients retry) when there is none."""
+    old, replacement = plane.roles[name], plane.new_worker()
     began = time.monotonic()
     old.kill9()
     replacement.crash_restarts = old.crash_restarts
-    plane.roles["worker"] = replacement.start()
+    plane.roles[name] = replacement.start()
     journal.add("worker_kill9", began, killed=old.args[-1], replacement=replacement.args[-1])
 
 
@@ -102,21 +106,24 @@ async def restart_postgres(plane: Plane, journal: FaultLog) -> None:
     journal.add("postgres_restart", began, seconds=round(time.monotonic() - began, 1))
 
 
-async def kill_projector(plane: Plane, journal: FaultLog) -> None:
-    projector, began = plane.roles["projector"], time.monotonic()
-    projector.kill9()
-    await asyncio.sleep(1.0)
-    projector.start()
-    journal.add("projector_kill9", began)
+async def kill_role(plane: Plane, journal: FaultLog, name: str, down_s: float) -> None:
+    """kill -9 the role process `name`, leave it down `down_s` (its replicas, if any, serve), start it again."""
+    role, began = plane.roles[name], time.monotonic()
+    role.kill9()
+    await asyncio.sleep(down_s)
+    role.start()
+    journal.add(f"{role.name}_kill9", began, killed=name, down_s=down_s)
 
 
 async def rebuild_projections(plane: Plane, journal: FaultLog) -> None:
-    """Drop the database under a running gateway; the projector rebuilds everything from offset 0."""
-    projector = plane.roles["projector"]
-    projector.stop()
+    """Drop the database under running gateways; the projectors rebuild everything from offset 0."""
+    projectors = [role for role in plane.roles.values() if role.name == "projector"]
+    for projector in projectors:
+        projector.stop()
     began = time.monotonic()
     await asyncio.to_thread(recreate_database, plane.database_url)
-    projector.start()
+    for projector in projectors:
+        projector.start()
     journal.add("projections_dropped_and_rebuilt", began, recreate_s=round(time.monotonic() - began, 1))
 
 

@@ -50,7 +50,11 @@ def summarize(runs: list[dict]) -> dict:
         "failed_runs": [r["run"] for r in runs if failed(r)],
         "errors": {r["run"]: r["error"] for r in runs if "error" in r},
         "totals": {key: sum(r[key] for r in measured) for key in ZERO_KEYS},
+        # the worst run's share of failed requests (target: at most 0.001)
+        "availability_error_fraction": max((r["availability_error_fraction"] for r in measured
+                                            if "availability_error_fraction" in r), default=None),
         "per_run": [{"run": r["run"], "wall_s": r["wall_s"], "counts": counts_of(r),
+                     "availability_error_fraction": r.get("availability_error_fraction"),
                      "generations": r.get("generations", {}).get("admitted")} for r in runs],
         "violations": {r["run"]: {kind: [v.get("generation_id") for v in found]
                                   for kind, found in r.get("violations", {}).items()} for r in measured

@@ -1,5 +1,5 @@
-"""`ledgerlm bench chaos --json PATH [--repeat N]`: faults under load on a 3-broker cluster; counts that must all
-be 0, in every run."""
+"""`ledgerlm bench chaos --json PATH [--instances N] [--repeat N]`: faults under load on a 3-broker cluster; counts
+that must all be 0, in every run, and the share of requests that failed (availability_error_fraction)."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +9,7 @@ import logging
 import signal
 from pathlib import Path
 
+from ledgerlm.cli.errors import CliError
 from plumbing.settings import Settings
 
 
@@ -22,6 +23,12 @@ def register_chaos(bench: argparse._SubParsersAction) -> None:
     chaos.add_argument("--output-tokens", type=int, default=48)
     chaos.add_argument("--gap-s", type=float, default=6.0, help="seconds between faults")
     chaos.add_argument("--broker-down-s", type=float, default=20.0, help="how long the killed broker stays down")
+    chaos.add_argument("--instances", type=positive, default=1,
+                       help="processes of each role; 2 or more also kills -9 one gateway and one controller")
+    chaos.add_argument("--role-down-s", type=float, default=5.0,
+                       help="how long a killed gateway or controller stays down (its replica serves)")
+    chaos.add_argument("--faults", type=lambda text: tuple(text.split(",")),
+                       help="comma-separated faults to run, in order (default: every fault the instances allow)")
     chaos.add_argument("--repeat", type=positive, default=1,
                        help="run the whole scenario this many times, each on a fresh stack; exit 1 if any run has a "
                             "non-zero count")
@@ -50,15 +57,20 @@ def run(args: argparse.Namespace) -> int:
     model_dir = args.model_dir or settings.home / "models" / "demo-tiny"
     if not (model_dir / "manifest.json").is_file():
         build_demo_model(model_dir, size="tiny", progress=False)
-    config = ChaosConfig(home=settings.home / "chaos-stack", model_dir=model_dir, rate=args.rate,
-                         min_generations=args.generations, output_tokens=args.output_tokens, gap_s=args.gap_s,
-                         broker_down_s=args.broker_down_s)
+    try:
+        config = ChaosConfig(home=settings.home / "chaos-stack", model_dir=model_dir, rate=args.rate,
+                             min_generations=args.generations, output_tokens=args.output_tokens, gap_s=args.gap_s,
+                             broker_down_s=args.broker_down_s, instances=args.instances, faults=args.faults,
+                             role_down_s=args.role_down_s)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     result = asyncio.run(run_repeated(config, args.repeat))
     # One run: its report at the top level as before (plus the summary); several: {"summary", "runs"}.
     report = {**result["runs"][0], "summary": result["summary"]} if args.repeat == 1 else result
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(result["summary"]["totals"] | {"runs": args.repeat,
-                                                    "failed_runs": result["summary"]["failed_runs"]}))
+    print(json.dumps(result["summary"]["totals"] | {
+        "runs": args.repeat, "failed_runs": result["summary"]["failed_runs"],
+        "availability_error_fraction": result["summary"]["availability_error_fraction"]}))
     print(f"wrote {args.json}")
     return 1 if any(failed(r) for r in result["runs"]) else 0
