@@ -31,3 +31,24 @@ async def test_every_fault_once_under_load_loses_repeats_and_overbills_nothing(m
     assert {name: topics["min_insync_replicas"][name]
             for name in ("llm.commands", "llm.control-changelog", "llm.generations")} == dict.fromkeys(
         ("llm.commands", "llm.control-changelog", "llm.generations"), "2")
+
+
+REPLICA_KILLS = ("gateway_kill9", "controller_kill9", "worker_kill9", "projector_kill9")
+
+
+async def test_two_of_each_role_with_one_of_each_killed_once_loses_repeats_and_overbills_nothing(model_dir):
+    """Two of every role on one broker (the shortest stack): kill -9 one gateway, controller, worker, projector;
+    the replicas carry the load, clients move to the live gateway, and every count stays 0."""
+    config = ChaosConfig(home=Settings().home / "test-chaos-replicas", model_dir=model_dir, brokers=1, instances=2,
+                         faults=REPLICA_KILLS, rate=1.5, min_generations=12, output_tokens=16, gap_s=1.5,
+                         role_down_s=3.0, settle_s=60.0, client_deadline_s=150.0)
+    report = await run_chaos_bench(config)
+
+    assert {key: report[key] for key in ZERO_KEYS} == dict.fromkeys(ZERO_KEYS, 0), report
+    assert [(f["fault"], f["killed"].replace(f["killed"].rsplit("-", 1)[0], "")) for f in report["fault_log"]] == [
+        ("gateway_kill9", "-1"), ("controller_kill9", "-1"), ("worker_kill9", "-w1"), ("projector_kill9", "-1")]
+    assert report["generations"]["admitted"] == report["generations"]["started"] >= 12
+    availability = report["availability"]
+    assert availability["requests_by_kind"]["admission"] >= 12 and availability["requests_by_kind"]["status"] >= 12
+    assert report["instances"] == 2 and report["availability_error_fraction"] == availability[
+        "availability_error_fraction"]
