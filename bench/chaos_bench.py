@@ -137,7 +137,11 @@ async def _run(config: ChaosConfig, settings: Settings, services: LocalServices,
         for http in (http for clients in tenants for http in clients):
             await http.aclose()
     availability = tally.report()
-    availability["interrupted_generations"] = report["generations"]["by_end"].get("interrupted", 0)
+    # Generations the worker kill cut short end `interrupted`, as designed: counted apart, never as errors.
+    killed = {fault["killed"] for fault in fault_log.faults if fault["fault"] == "worker_kill9"}
+    on_worker = report["reports"]["interrupted_on_worker"]
+    availability["interrupted_by_worker_kill"] = sum(n for worker, n in on_worker.items() if worker in killed)
+    availability["interrupted_otherwise"] = sum(n for worker, n in on_worker.items() if worker not in killed)
     report.update({"availability_error_fraction": availability["availability_error_fraction"],
                    "availability": availability, "instances": config.instances,
                    "faults": len(fault_log.faults), "fault_log": fault_log.faults,
@@ -245,6 +249,7 @@ async def measure(config: ChaosConfig, settings: Settings, bootstrap: str, datab
         "generations": summarize_clients(results),
         "reports": {"usage_reports_on_log": sum(1 for e in run_events if e.type == "UsageReported"),
                     "terminal_events_on_log": sum(1 for e in run_events if e.type in checks.TERMINAL_TYPES),
+                    "interrupted_on_worker": dict(Counter(e.worker_id for e in run_events if e.type == "Interrupted")),
                     "audit_replayed": audit.replayed, "audit_tables_differing": sorted(audit.as_dict()["tables"])},
         "probe": {"acked": len(probe.acked), "not_acked": probe.failed},
     }
