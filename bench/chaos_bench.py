@@ -136,7 +136,7 @@ async def _run(config: ChaosConfig, settings: Settings, services: LocalServices,
         await supervisor
         for http in (http for clients in tenants for http in clients):
             await http.aclose()
-    availability = tally.report()
+    availability = tally.report(fault_log.faults, fault_log.began)
     # Generations the worker kill cut short end `interrupted`, as designed: counted apart, never as errors.
     killed = {fault["killed"] for fault in fault_log.faults if fault["fault"] == "worker_kill9"}
     on_worker = report["reports"]["interrupted_on_worker"]

@@ -14,10 +14,12 @@ Every request a client makes is tallied by kind: `admission` (POST /v1/generatio
 
 A stream that was answered (200) and then cut, because its gateway died, is an answered attach; its resume
 is the next request. Cuts are counted apart (`streams_cut`).
-availability_error_fraction = failed / requests, over the whole run.
+availability_error_fraction = failed / requests, over the whole run; `failed_after_fault` puts each failed
+request under the last fault that had begun when it failed (`before_faults` if none had).
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -36,25 +38,39 @@ class Availability:
     retry_later: Counter = field(default_factory=Counter)  # "kind status" -> documented 429/503/504 answers
     failovers: int = 0
     streams_cut: int = 0
+    failed_at: list[float] = field(default_factory=list)  # monotonic instant of each failed request
 
     def answered(self, kind: str, status: int) -> None:
         self.requests[kind] += 1
         if status in RETRY_LATER:
             self.retry_later[f"{kind} {status}"] += 1
         elif status not in SUCCESS[kind]:
-            self.failed[f"{kind} HTTP {status}"] += 1
+            self._fail(f"{kind} HTTP {status}")
 
     def no_answer(self, kind: str, error: Exception) -> None:
         self.requests[kind] += 1
-        self.failed[f"{kind} {type(error).__name__}"] += 1
+        self._fail(f"{kind} {type(error).__name__}")
 
-    def report(self) -> dict:
+    def _fail(self, what: str) -> None:
+        self.failed[what] += 1
+        self.failed_at.append(time.monotonic())
+
+    def report(self, faults: list[dict] = (), began: float = 0.0) -> dict:
+        """The tally; `faults` (each with `fault` and `began_s` on the clock that started at `began`) attribute
+        every failed request to the fault in effect."""
         total = sum(self.requests.values())
         failed = sum(self.failed.values())
         return {"availability_error_fraction": round(failed / total, 6) if total else 0.0,
                 "requests": total, "failed": failed, "requests_by_kind": dict(self.requests),
-                "failed_by_kind": dict(self.failed), "retry_later": dict(self.retry_later),
-                "failovers": self.failovers, "streams_cut": self.streams_cut}
+                "failed_by_kind": dict(self.failed), "failed_after_fault": self._by_fault(faults, began),
+                "retry_later": dict(self.retry_later), "failovers": self.failovers, "streams_cut": self.streams_cut}
+
+    def _by_fault(self, faults: list[dict], began: float) -> dict[str, int]:
+        counts: Counter = Counter()
+        for at in self.failed_at:
+            started = [f["fault"] for f in faults if f["began_s"] <= at - began]
+            counts[started[-1] if started else "before_faults"] += 1
+        return dict(counts)
 
 
 class GatewayRoute:

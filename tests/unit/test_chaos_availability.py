@@ -71,8 +71,8 @@ async def test_a_gateway_that_refuses_connections_is_passed_over_and_is_no_faile
         second = await route.request("admission", "POST", "/v1/generations", json={})
     assert second.status_code == 201
     assert tally.report() == {"availability_error_fraction": 0.0, "requests": 2, "failed": 0,
-                              "requests_by_kind": {"admission": 2}, "failed_by_kind": {}, "retry_later": {},
-                              "failovers": 1, "streams_cut": 0}
+                              "requests_by_kind": {"admission": 2}, "failed_by_kind": {}, "failed_after_fault": {},
+                              "retry_later": {}, "failovers": 1, "streams_cut": 0}
 
 
 async def test_documented_retry_answers_pass_other_statuses_and_no_gateway_at_all_fail(serve):
@@ -84,8 +84,13 @@ async def test_documented_retry_answers_pass_other_statuses_and_no_gateway_at_al
         await GatewayRoute([b], 0, tally).request("admission", "POST", "/v1/generations", json={})
         with pytest.raises(httpx.ConnectError):
             await GatewayRoute([c], 0, tally).request("status", "GET", "/v1/generations/g1")
-    report = tally.report()
+    began = tally.failed_at[0] - 5.0  # the run began 5 s before the first failure
+    faults = [{"fault": "gateway_kill9", "began_s": 1.0}, {"fault": "broker_kill9", "began_s": 4.9},
+              {"fault": "postgres_restart", "began_s": 999.0}]
+    report = tally.report(faults, began)
     assert report["failed_by_kind"] == {"admission HTTP 500": 1, "status ConnectError": 1}
+    assert report["failed_after_fault"] == {"broker_kill9": 2}
+    assert tally.report([], began)["failed_after_fault"] == {"before_faults": 2}
     assert report["retry_later"] == {"admission 503": 1}
     assert (report["requests"], report["failed"], report["availability_error_fraction"]) == (3, 2, round(2 / 3, 6))
 
