@@ -106,7 +106,8 @@ async def _run(config: ChaosConfig, settings: Settings, services: LocalServices,
     setup = await prepare(config, settings, bootstrap, database_url)
     plane = f"chaos-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, **ROLE_ENV, "LEDGERLM_KAFKA_BOOTSTRAP": bootstrap, "LEDGERLM_DATABASE_URL": database_url,
-           "LEDGERLM_HOME": str(config.home), "LEDGERLM_CONTROLLER_GROUP": plane}
+           "LEDGERLM_HOME": str(config.home), "LEDGERLM_CONTROLLER_GROUP": plane,
+           "LEDGERLM_GATEWAY_GROUP": f"{plane}-gateways"}
     fleet = build_fleet(config.instances, setup["model"], plane, env, config.home / "logs")
     roles.update(fleet.roles)
     from plumbing.kafka.groups import move_group_to_end

@@ -8,7 +8,8 @@ from ledgerlm.cli.main import build_parser
 from ledgerlm.model_pull import KNOWN_MODELS
 from plumbing.settings import REPO_ROOT, Settings
 
-ROLE_SERVICES = {"controller-1", "controller-2", "worker-1", "projector-1", "projector-2", "gateway-1", "gateway-2"}
+ROLE_SERVICES = {"controller-1", "controller-2", "worker-1", "projector-1", "projector-2", "gateway-1", "gateway-2",
+                 "intake-1"}
 
 
 def compose() -> dict:
@@ -21,7 +22,7 @@ def test_every_role_runs_two_of_each_stateless_one_after_the_setup_completed():
     assert set(services) == {"kafka", "postgres", "setup"} | ROLE_SERVICES
     for name in ROLE_SERVICES:
         assert services[name]["depends_on"] == {"setup": {"condition": "service_completed_successfully"}}, name
-        assert services[name]["command"][0] == {"controller": "controller", "worker": "worker",
+        assert services[name]["command"][0] == {"controller": "controller", "worker": "worker", "intake": "intake",
                                                 "projector": "project", "gateway": "gateway"}[name.split("-")[0]]
     assert services["setup"]["depends_on"] == {"kafka": {"condition": "service_healthy"},
                                                "postgres": {"condition": "service_healthy"}}
