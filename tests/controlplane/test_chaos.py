@@ -44,7 +44,7 @@ async def test_two_of_each_role_with_one_of_each_killed_once_loses_repeats_and_o
                          role_down_s=3.0, settle_s=60.0, client_deadline_s=150.0)
     report = await run_chaos_bench(config)
 
-    assert {key: report[key] for key in ZERO_KEYS} == dict.fromkeys(ZERO_KEYS, 0), report
+    assert {key: report[key] for key in ZERO_KEYS} == dict.fromkeys(ZERO_KEYS, 0), report["violations"]
     assert [(f["fault"], f["killed"].replace(f["killed"].rsplit("-", 1)[0], "")) for f in report["fault_log"]] == [
         ("gateway_kill9", "-1"), ("controller_kill9", "-1"), ("worker_kill9", "-w1"), ("projector_kill9", "-1")]
     assert report["generations"]["admitted"] == report["generations"]["started"] >= 12
