@@ -113,7 +113,8 @@ def plan_roles(settings: Settings, counts: RoleCounts, model: str, ports: PortPi
                 planned.append(RoleProcess(f"gateway-{i}", kind, ("gateway", "--port", str(port)), port))
                 continue
             port = ports.take(metrics_base(settings, kind) + i - 1)
-            args = {"controller": ("controller",), "projector": ("project",), "intake": ("intake", "--index", str(i - 1)),
+            args = {"controller": ("controller",), "projector": ("project",),
+                    "intake": ("intake", "--index", str(i - 1)),
                     "worker": ("worker", "--model-version", model, "--worker-id", f"local-worker-{i}")}[kind]
             planned.append(RoleProcess(f"{kind}-{i}", kind, args, port,
                                        {f"LEDGERLM_{kind.upper()}_METRICS_PORT": str(port)}))

@@ -28,7 +28,8 @@ def up_env(services, scratch_database, tmp_path) -> dict[str, str]:
     tag = uuid.uuid4().hex[:8]
     return {**os.environ, "LEDGERLM_HOME": str(home), "LEDGERLM_KAFKA_BOOTSTRAP": services.kafka_bootstrap,
             "LEDGERLM_DATABASE_URL": scratch_database, "LEDGERLM_CONTROLLER_GROUP": f"up-controller-{tag}",
-            "LEDGERLM_PROJECTOR_GROUP": f"up-projector-{tag}", "LEDGERLM_GATEWAY_GROUP": f"up-gateways-{tag}", "LEDGERLM_GATEWAY_PORT": str(free_port()),
+            "LEDGERLM_PROJECTOR_GROUP": f"up-projector-{tag}", "LEDGERLM_GATEWAY_GROUP": f"up-gateways-{tag}",
+            "LEDGERLM_GATEWAY_PORT": str(free_port()),
             "LEDGERLM_WORKER_DEVICE": "cpu", "LEDGERLM_WORKER_KV_CACHE_BYTES": str(64 * 16 * 512)}
 
 
