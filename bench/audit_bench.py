@@ -15,7 +15,7 @@ import uuid
 
 from bench.audit_traffic import write_traffic
 from plumbing.kafka.clients import Kafka
-from bench.projector_bench import ScratchDatabase
+from bench.projector_bench import ScratchDatabase, timed_catch_up
 from plumbing.settings import Settings
 from projections.audit import audit_replay
 from projections.registry import all_projections
@@ -26,13 +26,7 @@ TARGET_INCREMENTAL_SHARE = 0.15
 
 
 async def project_live(kafka: Kafka, url: str, settings: Settings) -> dict:
-    projector = Projector(kafka, url, all_projections(settings))
-    began = time.perf_counter()
-    try:
-        stats = await projector.catch_up()
-    finally:
-        projector.close()
-    seconds = time.perf_counter() - began
+    stats, seconds = await timed_catch_up(Projector(kafka, url, all_projections(settings)))
     applied = sum(stats.applied.values())
     return {"records": applied, "seconds": round(seconds, 3), "records_per_s": round(applied / seconds, 1),
             "refused": stats.refused}

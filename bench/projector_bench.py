@@ -91,15 +91,19 @@ async def publish_all(bootstrap: str, topic: str, events: list) -> float:
     return time.perf_counter() - began
 
 
+async def timed_catch_up(projector: Projector):
+    """(catch-up stats, seconds) of one catch-up of `projector`, which is closed afterwards."""
+    began = time.perf_counter()
+    try:
+        stats = await projector.catch_up()
+    finally:
+        projector.close()
+    return stats, time.perf_counter() - began
+
+
 async def catch_up_rate(bootstrap: str, database_url: str, projection) -> dict:
     with ScratchDatabase(database_url) as url:
-        projector = Projector(bootstrap, url, [projection], max_records=10000)
-        began = time.perf_counter()
-        try:
-            stats = await projector.catch_up()
-        finally:
-            projector.close()
-        seconds = time.perf_counter() - began
+        stats, seconds = await timed_catch_up(Projector(bootstrap, url, [projection], max_records=10000))
     applied = stats.applied.get(projection.name, 0)
     return {"events_applied": applied, "seconds": round(seconds, 3), "events_per_s": round(applied / seconds, 1)}
 

@@ -14,11 +14,9 @@ from pydantic import SecretStr
 
 from plumbing.kafka.access import KafkaAccess, KafkaPrincipal
 from plumbing.kafka.clients import make_admin
-from plumbing.settings import Settings
 from migrations import runner
-from projections.registry import all_projections
-from projections.runtime import Projector
 from tests.controlplane.conftest import body
+from tests.controlplane.test_projected_billing import project_all
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +50,7 @@ async def test_a_generation_goes_gateway_controller_worker_projection_over_sasl(
     assert (done["status"], done["usage"]["outputTokens"]) == ("completed", 5)
 
     runner.upgrade(scratch_database)
-    projector = Projector(cp_kafka("projector"), scratch_database, all_projections(Settings()))
-    try:
-        await projector.catch_up()
-    finally:
-        projector.close()
+    await project_all(cp_kafka("projector"), scratch_database)
     with psycopg.connect(scratch_database) as conn:
         row = conn.execute("SELECT status FROM generations WHERE generation_id = %s", (done["id"],)).fetchone()
         bill = conn.execute("SELECT billed_output_tokens FROM billing_ledger WHERE generation_id = %s",

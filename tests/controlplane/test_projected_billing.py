@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import psycopg
 
+from plumbing.kafka.clients import Kafka
 from plumbing.settings import Settings
 from migrations import runner
 from projections.audit import audit_replay
@@ -15,8 +16,9 @@ from projections.runtime import Projector
 from tests.controlplane.conftest import body, post_until_admitted, wait_until
 
 
-async def project_all(bootstrap: str, database_url: str) -> None:
-    projector = Projector(bootstrap, database_url, all_projections(Settings()))
+async def project_all(kafka: Kafka, database_url: str) -> None:
+    """Apply the log up to now and stop: the projections then lag by whatever is written next."""
+    projector = Projector(kafka, database_url, all_projections(Settings()))
     try:
         await projector.catch_up()
     finally:

@@ -17,6 +17,7 @@ from projections.registry import all_projections
 from projections.runtime import Projector
 from schemas.generation_ids import mint_generation_id
 from tests.controlplane.conftest import body, free_port, start_gateway_process
+from tests.controlplane.test_projected_billing import project_all
 
 TOKENS = 40
 WAIT_S = 30  # read_your_writes_wait_s of these gateways: a 404 that waited for it would show
@@ -38,15 +39,6 @@ async def read_events(client: httpx.AsyncClient, url: str, headers: dict, stop_a
                 if stop_after_seq is not None and events[-1][0] == stop_after_seq:
                     break
     return events
-
-
-async def project_everything_so_far(bootstrap: str, database_url: str) -> None:
-    """Apply the log up to now and stop: the projections then lag by whatever is written next."""
-    projector = Projector(bootstrap, database_url, all_projections(Settings()))
-    try:
-        await projector.catch_up()
-    finally:
-        projector.close()
 
 
 async def timed(call) -> tuple[httpx.Response, float]:
@@ -103,7 +95,7 @@ def assert_resumed_whole(outcome: dict) -> None:
 async def test_a_resume_after_kill9_on_a_new_gateway_with_the_projector_stopped_gets_every_later_seq(
         cp_env, controller, worker, tenants, versions, bootstrap, database_url, tmp_path):
     tenant, other = tenants["main"], tenants["other"]
-    await project_everything_so_far(bootstrap, database_url)  # then stopped: it never sees this generation
+    await project_all(bootstrap, database_url)  # then stopped: it never sees this generation
     outcome = await restart_and_resume(cp_env, tmp_path, tenant, versions["served"])
     try:
         assert_resumed_whole(outcome)
