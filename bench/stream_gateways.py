@@ -7,6 +7,10 @@
                         plain load balancer sends them: about (N-1)/N of the streams land on a non-owner
     phase "shared-owner-routed"  the same, each client sent to the gateway owning its generation's partition
                         (a partition-aware balancer): no gateway follows another's partition
+    phase "shared-admitted-here"  the same, round-robin, each id minted into the share of the gateway its client
+                        is sent to, as the controller mints the id of a request into the admitting gateway's
+                        share: an OpenAI `stream` request (admitted and streamed on one connection) or a client
+                        attaching where it was admitted
     phase "everything"  N gateways each reading and decoding every partition (`gateway_share_stream=false`,
                         the behaviour before sharing), clients round-robin
 
@@ -90,14 +94,9 @@ async def run_phase(name: str, env: dict, members: int, observer: bool, tenant, 
                 for i in range(members)]
     idle = [start_gateway(f"{name}-idle", {**env, "LEDGERLM_GATEWAY_GROUP": group + "-idle"}, workdir)] \
         if observer else []
-    from schemas.generation_ids import mint_generation_id
-
-    # Ids as the controller mints them: a gateway not holding one in view finds it by its tenant tag (lookup.py).
-    key = Settings().generation_id_key()
-    generations = [mint_generation_id(key, tenant.tenant_id) for _ in range(job["clients"])]
-    per_gen = max(1, int(job["rate"] * job["seconds"] / len(generations)))
+    per_gen = max(1, int(job["rate"] * job["seconds"] / job["clients"]))
     try:
-        limits = httpx.Limits(max_connections=len(generations) + 20, max_keepalive_connections=len(generations) + 20)
+        limits = httpx.Limits(max_connections=job["clients"] + 20, max_keepalive_connections=job["clients"] + 20)
         async with httpx.AsyncClient(limits=limits, timeout=60,
                                      headers={"Authorization": f"Bearer {tenant.api_key}"}) as http:
             for gateway in gateways + idle:
@@ -106,9 +105,11 @@ async def run_phase(name: str, env: dict, members: int, observer: bool, tenant, 
             http.base_url = ""
             if env.get("LEDGERLM_GATEWAY_SHARE_STREAM") != "false":
                 await settle(http, gateways, spec(TOKENS).partitions)
+            routing = job["routing"] if len(gateways) > 1 else "round-robin"
+            generations = await mint_ids(http, gateways, tenant.tenant_id, job["clients"], routing)
             await publish_admitted(job["bootstrap"], tenant.tenant_id, generations, per_gen)
             subscribers = [Client(gen) for gen in generations]
-            routes = await route(http, gateways, generations, job["routing"] if len(gateways) > 1 else "round-robin")
+            routes = await route(http, gateways, generations, routing)
             for gen, gateway in zip(generations, routes):
                 await wait_admitted(http, gateway.url, gen)
             stop_at = time.monotonic() + job["seconds"] + 60
@@ -152,13 +153,31 @@ async def idle_cpu_per_s(gateways: list[GatewayProc], window_s: float = 3.0) -> 
     return {g.name: (g.cpu_s() - before[g.name]) / window_s for g in gateways}
 
 
+async def mint_ids(http, gateways: list[GatewayProc], tenant_id: str, count: int, routing: str) -> list[str]:
+    """Ids as the controller mints them (a gateway not holding one in view finds it by its tenant tag); with
+    `admitted-here`, each into the share of the gateway its client is sent to, as the controller does for the
+    gateway that admitted it (`SubmitGeneration.stream_share`)."""
+    from consumers.controller.decisions import in_share
+    from schemas.commands import StreamShare
+    from schemas.generation_ids import mint_generation_id
+    from schemas.topics import TOKENS, spec
+
+    key = Settings().generation_id_key()
+    if routing != "admitted-here":
+        return [mint_generation_id(key, tenant_id) for _ in range(count)]
+    owned = [tuple((await bridge_of(http, g))["ownedPartitions"]) for g in gateways]
+    shares = [StreamShare(partitions=spec(TOKENS).partitions, owned=share) for share in owned]
+    return [mint_generation_id(key, tenant_id, in_share(shares[i % len(gateways)])) for i in range(count)]
+
+
 async def route(http, gateways: list[GatewayProc], generations: list[str], routing: str) -> list[GatewayProc]:
-    """Where each client connects: round-robin (a plain balancer) or to the owner of the generation's partition
-    (a partition-aware balancer reading the shares off /healthz)."""
+    """Where each client connects: round-robin (a plain balancer; `admitted-here` too: a streaming request is
+    served where it was admitted) or to the owner of the generation's partition (a partition-aware balancer
+    reading the shares off /healthz)."""
     from plumbing.kafka.follower import partition_for
     from schemas.topics import TOKENS, spec
 
-    if routing == "round-robin":
+    if routing in ("round-robin", "admitted-here"):
         return [gateways[i % len(gateways)] for i in range(len(generations))]
     owner = {p: g for g in gateways for p in (await bridge_of(http, g))["ownedPartitions"]}
     return [owner[partition_for(gen, spec(TOKENS).partitions)] for gen in generations]
@@ -167,7 +186,8 @@ async def route(http, gateways: list[GatewayProc], generations: list[str], routi
 def delta(after: dict, before: dict) -> dict:
     return {"ownedPartitions": after["ownedPartitions"], "guestPartitions": after["guestPartitions"],
             "recordsDecoded": after["recordsDecoded"] - before["recordsDecoded"],
-            "recordsSkipped": after["recordsSkipped"] - before["recordsSkipped"]}
+            "recordsSkipped": after["recordsSkipped"] - before["recordsSkipped"],
+            "pacing": [before.get("pacing"), after.get("pacing")]}
 
 
 def phase_report(name: str, report: dict, cpu: dict, bridges: dict, members: list[str], idle: list[str]) -> dict:
@@ -269,12 +289,16 @@ async def run_gateways_bench(clients: int, rate: int, seconds: float, gateways: 
     one = await run_phase("one", env, 1, True, tenant, job, workdir)
     shared = await run_phase("shared", env, gateways, False, tenant, {**job, "routing": "round-robin"}, workdir)
     owner = await run_phase("shared-owner-routed", env, gateways, False, tenant, {**job, "routing": "owner"}, workdir)
+    here = await run_phase("shared-admitted-here", env, gateways, False, tenant, {**job, "routing": "admitted-here"},
+                           workdir)
     everything = await run_phase("everything", {**env, "LEDGERLM_GATEWAY_SHARE_STREAM": "false"}, gateways, False,
                                  tenant, {**job, "routing": "round-robin"}, workdir)
     in_process = skip_cost_in_process()
     ratio = round(shared["total_gateway_cpu_s"] / everything["total_gateway_cpu_s"], 3)
     owner_ratio = round(owner["total_gateway_cpu_s"] / everything["total_gateway_cpu_s"], 3)
-    phases = {"one": one, "shared": shared, "shared-owner-routed": owner, "everything": everything}
+    here_ratio = round(here["total_gateway_cpu_s"] / everything["total_gateway_cpu_s"], 3)
+    phases = {"one": one, "shared": shared, "shared-owner-routed": owner, "shared-admitted-here": here,
+              "everything": everything}
     skip_us = one["idle_gateway"]["cpu_us_per_skipped_event"]
     return {
         "machine": "2-core CPU shared by Kafka (1 broker), PostgreSQL, the gateways, producer and clients "
@@ -288,9 +312,11 @@ async def run_gateways_bench(clients: int, rate: int, seconds: float, gateways: 
             "delivered_events_per_s": {p: r["delivered"]["events_per_s"] for p, r in phases.items()},
             "gateway_cpu_us_per_delivered_event": {p: r["gateway_cpu_us_per_delivered_event"]
                                                    for p, r in phases.items()},
-            "shared_vs_everything_cpu_ratio": ratio, "owner_routed_vs_everything_cpu_ratio": owner_ratio},
+            "shared_vs_everything_cpu_ratio": ratio, "owner_routed_vs_everything_cpu_ratio": owner_ratio,
+            "admitted_here_vs_everything_cpu_ratio": here_ratio},
         "targets": {"skip_us": TARGET_SKIP_US, "skip_met": skip_us is not None and skip_us <= TARGET_SKIP_US,
                     "cpu_ratio": TARGET_RATIO, "cpu_ratio_met": ratio <= TARGET_RATIO,
-                    "owner_routed_cpu_ratio_met": owner_ratio <= TARGET_RATIO},
+                    "owner_routed_cpu_ratio_met": owner_ratio <= TARGET_RATIO,
+                    "admitted_here_cpu_ratio_met": here_ratio <= TARGET_RATIO},
         "loadavg_before": load_before, "loadavg_after": Path("/proc/loadavg").read_text().strip(),
     }

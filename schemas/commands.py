@@ -6,7 +6,7 @@ from typing import Literal
 from pydantic import Field
 
 from schemas.dispatch import StartAttempt
-from schemas.envelope import TenantScoped
+from schemas.envelope import TenantScoped, Value
 from schemas.values import SamplingParams, Tier, added
 
 
@@ -16,6 +16,15 @@ class Command(TenantScoped):
     None: any plane."""
 
     plane: str | None = None
+
+
+class StreamShare(Value):
+    """The `llm.generations`/`llm.tokens` partitions (of `partitions`) whose token stream the asking gateway
+    reads itself: a generation id landing in one of them is streamed there without a guest read
+    (`producers.gateway.shared_tail`). A hint: an id elsewhere is served all the same."""
+
+    partitions: int = Field(ge=1, le=100_000)
+    owned: tuple[int, ...] = Field(max_length=100_000)
 
 
 class SubmitGeneration(Command):
@@ -35,6 +44,8 @@ class SubmitGeneration(Command):
     # Asked through the Kafka intake (`includeTokens`): the tenant's results record carries the token events.
     # Not part of the payload hash: how an outcome is reported does not change what is generated.
     result_tokens: bool = added(False)
+    # The admitting gateway's share of the token stream; the controller mints the id into it. Not hashed.
+    stream_share: StreamShare | None = added(None)
 
     @property
     def output_tokens(self) -> int:

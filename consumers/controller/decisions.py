@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -24,9 +25,10 @@ from consumers.controller.leases import interruption
 from consumers.controller.registry import Demand, WorkerRegistry
 from consumers.controller.state import PartitionState, TenantState
 from consumers.controller.versions import VersionPicker, describe
+from plumbing.kafka.follower import partition_for
 from plumbing.settings import Settings
 from schemas.changelog import IdentityRecorded, TenantBudgetState
-from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
+from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, StreamShare, SubmitGeneration
 from schemas.dispatch import CancelAttempt, StartAttempt
 from schemas.envelope import Envelope
 from schemas.generation_ids import mint_generation_id
@@ -205,7 +207,7 @@ class Decider:
               reserved: int, version: str, worker_id: str, now: datetime, queued: bool = False) -> Effects:
         """Admit on `version`, the concrete version (an alias's draw): identity, Admitted and StartAttempt
         all record it, so status, billing and a retry see the version that runs."""
-        gen_id = mint_generation_id(self.id_key, cmd.tenant_id)
+        gen_id = mint_generation_id(self.id_key, cmd.tenant_id, in_share(cmd.stream_share))
         now_s = int(now.timestamp())
         tenant.charge(now_s, reserved)
         record = IdentityRecorded(plane=self.plane, tenant_id=cmd.tenant_id, request_id=cmd.request_id,
@@ -316,3 +318,12 @@ class Decider:
         so a rebuild forgets them too: after that the same request id is a new request."""
         expired = state.expire(now, self.settings.identity_ttl_s, EXPIRY_BATCH)
         return Effects(tombstones=[gen.changelog_key for gen in expired])
+
+
+def in_share(share: StreamShare | None) -> Callable[[str], bool] | None:
+    """Whether an id's partition is in the admitting gateway's share of the token stream (None: no share):
+    its stream is then served by the gateway that admitted it, where a streaming request waits for it."""
+    if share is None or not share.owned:
+        return None
+    owned = frozenset(share.owned)
+    return lambda generation_id: partition_for(generation_id, share.partitions) in owned

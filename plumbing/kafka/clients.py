@@ -63,6 +63,18 @@ def make_consumer(kafka: Kafka, *topics: str, group_id: str | None = None,
     )
 
 
+def pace_fetches(consumer: AIOKafkaConsumer, min_bytes: int, max_wait_ms: int) -> None:
+    """From its next fetch on, the broker answers `consumer` once it has `min_bytes` for it or after `max_wait_ms`.
+
+    A fetch costs a Python consumer about 0.4 ms of CPU whatever it carries, so one reading a stream of small
+    records nobody waits for spends most of its CPU on fetches of a few records each; a long wait with a large
+    minimum makes each fetch carry hundreds. aiokafka reads both values from its fetcher for every request and
+    has no public setter for them (tests/unit/test_kafka_clients.py fails if that changes)."""
+    fetcher = consumer._fetcher  # noqa: SLF001
+    fetcher._fetch_min_bytes = min_bytes  # noqa: SLF001
+    fetcher._fetch_max_wait_ms = max_wait_ms  # noqa: SLF001
+
+
 def make_admin(kafka: Kafka, request_timeout_ms: int = 15000, client_id: str = "ledgerlm-admin") -> AIOKafkaAdminClient:
     return AIOKafkaAdminClient(**KafkaAccess.of(kafka).client_options(), client_id=client_id,
                                request_timeout_ms=request_timeout_ms)

@@ -13,7 +13,7 @@ from producers.gateway.database import Principal
 from producers.gateway.errors import ApiError
 from producers.gateway.prompts import EffectivePrompt
 from producers.gateway.requests import GenerationRequest
-from schemas.commands import SubmitGeneration
+from schemas.commands import StreamShare, SubmitGeneration
 from schemas.replies import AdmissionDecision
 
 if TYPE_CHECKING:
@@ -47,13 +47,16 @@ async def refuse_without_workers(gateway: "Gateway", principal: Principal, body:
 
 
 def submit_command(admission: "AdmissionClient", plane: str, tenant_id: str, body: GenerationRequest,
-                   prompt: EffectivePrompt, result_tokens: bool = False) -> SubmitGeneration:
-    """The `SubmitGeneration` of a rendered request: the gateway and the Kafka intake build it the same way."""
+                   prompt: EffectivePrompt, result_tokens: bool = False,
+                   stream_share: StreamShare | None = None) -> SubmitGeneration:
+    """The `SubmitGeneration` of a rendered request: the gateway and the Kafka intake build it the same way
+    (a gateway names its share of the token stream, where the generation's stream is cheapest to serve)."""
     return SubmitGeneration(
         tenant_id=tenant_id, request_id=body.request_id, gateway_id=admission.gateway_id,
         correlation_id=admission.correlation_id(), model_version=body.model,
         input_token_ids=prompt.token_ids, max_output_tokens=prompt.max_output_tokens, sampling=prompt.sampling,
-        tier=body.tier, payload_hash=prompt.payload_hash, plane=plane, result_tokens=result_tokens)
+        tier=body.tier, payload_hash=prompt.payload_hash, plane=plane, result_tokens=result_tokens,
+        stream_share=stream_share)
 
 
 async def submit_generation(gateway: "Gateway", principal: Principal, body: GenerationRequest,
@@ -61,7 +64,8 @@ async def submit_generation(gateway: "Gateway", principal: Principal, body: Gene
     """The admitting decision (201 new, 200 existing); ApiError for every other answer or none in time."""
     admission, settings = gateway.admission, gateway.settings
     await refuse_without_workers(gateway, principal, body, prompt)
-    command = submit_command(admission, settings.controller_group, principal.tenant_id, body, prompt)
+    command = submit_command(admission, settings.controller_group, principal.tenant_id, body, prompt,
+                             stream_share=gateway.bridge.tail.share())
     timing: list[float] = []
     decision = await admission.decide(command, settings.admission_timeout_ms / 1000, timing)
     if decision is None:

@@ -118,6 +118,34 @@ async def test_two_gateways_split_the_partitions_and_a_stream_on_the_non_owner_i
         assert owner_bridge["recordsSkipped"] >= 40
 
 
+async def test_an_id_is_minted_into_the_admitting_gateways_share_so_its_stream_needs_no_guest_read(
+        cp_env, controller, worker, paced_worker, tenants, versions, tmp_path):
+    tenant = tenants["main"]
+    async with gateways(cp_env, tmp_path) as members:
+        shares = await shares_settle(members)
+        for member, share in zip(members, shares):
+            created = [await create(member, tenant, versions["served"], 3) for _ in range(8)]
+            # By chance all 8 of a half share: 1 in 256 per gateway.
+            assert [partition_for(gen_id, PARTITIONS) in share for gen_id in created] == [True] * 8
+        await pacing_becomes(members, "idle")  # nobody watches: fetches are held for batches
+        gen_id = await create(members[1], tenant, versions["paced"], 400)
+        watcher = asyncio.create_task(read_events(members[1], gen_id, tenant.headers))
+        await pacing_becomes(members[1:], "live", while_running=watcher)
+        events = await asyncio.wait_for(watcher, 120)
+        assert seqs(events) == list(range(1, 401)) and events[-1][0] == "final"
+        assert (await members[1].bridge())["guestPartitions"] == []
+        await pacing_becomes(members, "idle")
+
+
+async def pacing_becomes(members: list[Member], pacing: str, while_running: asyncio.Task | None = None,
+                         timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while [(await m.bridge())["pacing"] for m in members] != [pacing] * len(members):
+        assert while_running is None or not while_running.done(), "the stream ended before the pacing changed"
+        assert time.monotonic() < deadline, f"pacing never became {pacing}"
+        await asyncio.sleep(0.1)
+
+
 async def test_streams_and_resumes_go_on_without_gap_or_repeat_when_the_owner_leaves(
         cp_env, controller, worker, tenants, versions, tmp_path):
     tenant = tenants["main"]

@@ -68,3 +68,37 @@ async def test_one_generation_stays_in_one_partition_in_order(producer, bootstra
     metas = [await publish(producer, "llm.generations", e) for e in events]
     assert len({m.partition for m in metas}) == 1
     assert [m.offset for m in metas] == sorted(m.offset for m in metas)
+
+
+async def test_paced_fetches_are_what_the_consumers_next_fetch_request_asks_for(bootstrap, topics):
+    """`pace_fetches` reaches into aiokafka's fetcher (no public setter): the fetch request it builds next must
+    carry the new hold, and going back restores the first one."""
+    from plumbing.kafka.clients import LONG_POLL_MS, pace_fetches
+    from schemas.topics import TOKENS
+
+    consumer = make_consumer(bootstrap)
+    await consumer.start()
+    try:
+        tp = TopicPartition(TOKENS, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_end(tp)
+        await consumer.position(tp)
+
+        def next_request() -> tuple[int, int]:
+            """The fetch the consumer would send next (the one already in flight set aside)."""
+            fetcher = consumer._fetcher
+            in_flight, fetcher._in_flight = fetcher._in_flight, set()
+            try:
+                requests, *_ = fetcher._get_actions_per_node(consumer._subscription.subscription.assignment)
+            finally:
+                fetcher._in_flight = in_flight
+            (_, request), = requests
+            return request._max_wait_ms, request._min_bytes
+
+        assert next_request() == (LONG_POLL_MS, 1)
+        pace_fetches(consumer, 1 << 20, 50)
+        assert next_request() == (50, 1 << 20)
+        pace_fetches(consumer, 1, LONG_POLL_MS)
+        assert next_request() == (LONG_POLL_MS, 1)
+    finally:
+        await consumer.stop()

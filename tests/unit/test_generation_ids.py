@@ -41,3 +41,29 @@ def test_without_a_configured_secret_each_home_generates_its_own_key_kept_0600(t
     assert key != other.generation_id_key() and len(key) >= 32
     assert (tmp_path / "a" / "credentials" / "generation-id-secret").stat().st_mode & 0o777 == 0o600
     assert Settings(home=tmp_path / "a", generation_id_secret=SecretStr("mine")).generation_id_key() == "mine"
+
+
+def test_a_preferred_id_is_drawn_within_what_the_preference_accepts():
+    from consumers.controller.decisions import in_share
+    from plumbing.kafka.follower import partition_for
+    from schemas.commands import StreamShare
+
+    share = StreamShare(partitions=12, owned=(3, 7))
+    ids = [mint_generation_id(SECRET, "tenant-a", in_share(share)) for _ in range(200)]
+    assert {partition_for(gen_id, 12) for gen_id in ids} == {3, 7}  # both, and nothing else
+    assert all(owned_by(SECRET, gen_id, "tenant-a") for gen_id in ids)
+    assert in_share(None) is None and in_share(StreamShare(partitions=12, owned=())) is None
+    # Nothing acceptable: the last draw is used rather than never minting.
+    assert owned_by(SECRET, mint_generation_id(SECRET, "tenant-a", lambda _: False), "tenant-a")
+
+
+def test_a_submit_without_a_share_encodes_as_before_and_one_with_it_round_trips():
+    from schemas.codec import decode, encode
+    from schemas.commands import StreamShare, SubmitGeneration
+    from schemas.topics import COMMANDS
+
+    fields = dict(tenant_id="t", request_id="r", gateway_id="g", correlation_id="c", model_version="m@1",
+                  input_token_ids=(1, 2), max_output_tokens=3, payload_hash="ab" * 32)
+    assert b"stream_share" not in encode(SubmitGeneration(**fields))
+    shared = SubmitGeneration(**fields, stream_share=StreamShare(partitions=6, owned=(0, 1, 2)))
+    assert decode(COMMANDS, encode(shared)).stream_share == StreamShare(partitions=6, owned=(0, 1, 2))

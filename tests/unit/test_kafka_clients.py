@@ -81,3 +81,4 @@ def test_a_principal_of_its_own_keeps_brokers_and_transport():
     tenant = KafkaPrincipal("tenant-a", SecretStr("pw"), "SCRAM-SHA-512")
     assert KafkaAccess("b:1").as_principal(tenant) == KafkaAccess("b:1", "SASL_PLAINTEXT", tenant)
     assert KafkaAccess("b:1", "SSL").as_principal(tenant).protocol == "SASL_SSL"
+
