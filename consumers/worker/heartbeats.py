@@ -1,5 +1,6 @@
 """A worker's heartbeats: capacity, load and every attempt it holds, sent every interval; a worker that
-cannot send them for a lease fences itself, since the controller has given its attempts up by then."""
+cannot send them for a lease fences itself, since the controller has given its attempts up by then.
+Its upkeep (overdue and waiting attempts) runs beside them, never in their way."""
 from __future__ import annotations
 
 import asyncio
@@ -47,8 +48,12 @@ def heartbeat_of(worker: "Worker", alive: bool = True) -> WorkerHeartbeat:
 
 
 async def heartbeat_loop(worker: "Worker") -> None:
-    """Until a drain has ended every attempt: heartbeat, self-fence after a lease without an acknowledged one,
-    give up attempts past their maximum run time, end or start waiting attempts."""
+    """Until a drain has ended every attempt: heartbeat, and self-fence after a lease without an acknowledged one.
+
+    Nothing else runs in this loop. Work on the attempts (`upkeep_loop`) can take long when many wait (ending
+    each expired one takes three acknowledged sends), and a heartbeat waiting behind it for a lease fences a
+    healthy worker: the likely way one with about 1,000 queued attempts fenced itself in `bench intake`.
+    """
     interval = worker.settings.heartbeat_interval_ms / 1000
     # Fence one check early: the controller counts the lease from the heartbeat, not from our
     # acknowledgement of it, and this loop only looks every `interval`. Fencing late would let
@@ -65,9 +70,17 @@ async def heartbeat_loop(worker: "Worker") -> None:
             log.warning("heartbeat failed worker=%s error=%s", worker.worker_id, type(exc).__name__)
         if time.monotonic() - worker.last_heartbeat_ok > fence_after:
             worker.fence_all()
-        worker.abort_overdue(time.monotonic())
-        if worker.waiting:
-            await worker.start_waiting()  # deadlines pass even when nothing finishes
         if worker.draining and not worker.attempts and not worker.has_ends_in_flight and not worker.waiting:
             return
+        await asyncio.sleep(interval)
+
+
+async def upkeep_loop(worker: "Worker") -> None:
+    """Every heartbeat interval: give up attempts past their maximum run time, end waiting attempts whose
+    deadline passed and start those that fit (deadlines pass even when nothing finishes)."""
+    interval = worker.settings.heartbeat_interval_ms / 1000
+    while True:
+        worker.abort_overdue(time.monotonic())
+        if worker.waiting:
+            await worker.start_waiting()
         await asyncio.sleep(interval)

@@ -44,7 +44,7 @@ from consumers.worker.attempts import (
 )
 from consumers.worker.engine_setup import engine_config, load_engine  # noqa: F401 -- callers import them here
 from consumers.worker.engine_thread import EngineThread
-from consumers.worker.heartbeats import heartbeat_loop, heartbeat_of
+from consumers.worker.heartbeats import heartbeat_loop, heartbeat_of, upkeep_loop
 from consumers.worker.measure import observe_output
 from consumers.worker.sends import acked, watched
 from consumers.worker.waiting import WaitingQueue
@@ -209,9 +209,11 @@ class Worker:
                  order.generation_id, order.epoch, len(order.input_token_ids), need)
 
     async def start_waiting(self) -> None:
-        """End queued attempts whose deadline passed, then start them in queue order while they fit."""
-        for order in self.waiting.take_expired(datetime.now(UTC)):
-            await self.end_unstarted(order, "expired")
+        """End queued attempts whose deadline passed (all at once: their sends share produce requests), then
+        start them in queue order while they fit."""
+        expired = self.waiting.take_expired(datetime.now(UTC))
+        if expired:
+            await asyncio.gather(*(self.end_unstarted(order, "expired") for order in expired))
         while self.waiting.head is not None and self.blocks_needed(self.waiting.head) <= self.free_blocks:
             await self.on_start(self.waiting.pop_head(), accepted=True)
 
@@ -475,7 +477,8 @@ class Worker:
         await self.consumer.seek_to_end(tp)
         await self.consumer.position(tp)
         tasks = [asyncio.create_task(self._pump(), name="worker-pump"),
-                 asyncio.create_task(self._read_dispatch(), name="worker-dispatch")]
+                 asyncio.create_task(self._read_dispatch(), name="worker-dispatch"),
+                 asyncio.create_task(upkeep_loop(self), name="worker-upkeep")]
         if self.settings.stream_flush_ms > 0:
             tasks.append(asyncio.create_task(self._flusher(), name="worker-flush"))
         heartbeats = asyncio.create_task(heartbeat_loop(self), name="worker-heartbeat")

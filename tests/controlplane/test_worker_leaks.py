@@ -116,3 +116,35 @@ async def test_a_worker_aborts_an_attempt_past_the_maximum_run_time_and_the_cont
     assert (interrupted.reason, interrupted.worker_id) == ("worker-gave-up", worker.worker_id)
     await wait_until(lambda: not worker.attempts, 10, what="the attempt to leave the worker")
     assert worker.engine.stats().num_blocks_used == 0
+
+
+async def test_heartbeats_go_on_while_the_upkeep_of_waiting_attempts_is_stuck(
+        start_worker, controller, model_dir, bootstrap, cp_settings):
+    """Ending or starting waiting attempts can take long (thousands queued, a slow broker): the heartbeats,
+    and so the lease, must not wait behind it, or a healthy worker fences itself."""
+    from datetime import UTC, datetime, timedelta
+
+    from schemas.dispatch import StartAttempt
+
+    version = await own_version(bootstrap, model_dir, "upkeep")
+    worker = await start_worker(version)
+    stuck = asyncio.Event()
+
+    async def stuck_upkeep() -> None:  # fault injection: the waiting attempts' upkeep never returns
+        stuck.set()
+        await asyncio.Event().wait()
+
+    worker.start_waiting = stuck_upkeep
+    order = StartAttempt(tenant_id="t-upkeep", generation_id=f"gen-upkeep-{uuid.uuid4().hex[:8]}", epoch=1,
+                         worker_id=worker.worker_id, model_version=version, input_token_ids=(1, 2, 3),
+                         max_output_tokens=4, deadline_at=datetime.now(UTC) + timedelta(hours=1), tier="batch")
+    worker.waiting.add(order)  # something waits: the upkeep runs (and sticks)
+    try:
+        await wait_until(stuck.is_set, 10, what="the upkeep to run")
+        stuck_at = time.monotonic()
+        lease_s = cp_settings.lease_ms / 1000
+        await wait_until(lambda: worker.last_heartbeat_ok > stuck_at + lease_s, lease_s * 4,
+                         what="heartbeats acknowledged for a lease past the stuck upkeep")
+        assert not worker.self_fenced and worker.readiness().checks["heartbeating"]
+    finally:
+        worker.waiting.clear()
