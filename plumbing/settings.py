@@ -150,6 +150,8 @@ class Settings(BaseSettings):
     projector_lag_interval_s: float = Field(default=10.0, gt=0, description="how often projection lag is measured")
     # -- gateway bounds (issue 15): what one client or tenant can make a gateway hold --
     gateway_db_pool_size: int = Field(default=4, ge=1, description="Postgres connections the gateway's reads share")
+    gateway_db_timeout_s: float = Field(default=10.0, gt=0, description="how long a gateway read waits for a "
+                                        "Postgres connection; then 503 database_unavailable")
     gateway_auth_cache_entries: int = Field(default=10000, ge=1, description="API key answers (hits and misses) "
                                             "cached, and client addresses whose failures are counted")
     gateway_auth_cache_s: float = Field(default=5.0, gt=0, description="how long an API key answer is cached")

@@ -84,7 +84,7 @@ def scratch_database(database_url):
         admin.execute(f'CREATE DATABASE "{name}"')
     yield database_url.rsplit("/", 1)[0] + f"/{name}"
     with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # a test may have dropped it
 
 
 @pytest.fixture(scope="session")

@@ -1,15 +1,22 @@
-"""Authentication of API keys: a bounded TTL cache in front of Postgres, failures rate-limited per address.
+"""Authentication of API keys: the gateway's key directory first, then a bounded TTL cache in front of Postgres,
+failures rate-limited per address.
 
-    presented key ─▶ cached valid key (at most N entries, T s) ─▶ its tenant
+    presented key ─▶ key directory (llm.tenants in memory, key_directory.py): live ─▶ its tenant
+                  └▶ unknown to the directory and cached as valid ─▶ its tenant
                   └▶ address out of attempts? ─▶ 429 auth_rate_limited (Retry-After)
-                  └▶ spend one attempt ─▶ cached miss, or Postgres lookup (pooled, then cached)
-                                       └▶ valid: attempt given back; unknown: 401
+                  └▶ spend one attempt ─▶ revoked / ambiguous in the directory ─▶ 401
+                                       └▶ unknown: cached miss, or Postgres lookup (pooled, then cached)
+                                          └▶ valid: attempt given back; none: 401;
+                                             database down: 503 database_unavailable, attempt given back
 
-A flood of random keys from one address therefore costs at most its failure
-budget of queries per window, and no more memory than the cache's bound,
-while keys already known (cached) keep working, from any address.
-The address is the connection's peer (`request.client.host`): behind a proxy
-that is the proxy, so put the limit there or give each client its own path.
+The directory reads the log, so keys keep working while the `tenants` projection is
+dropped and rebuilt; Postgres answers only for hashes the directory has not read
+(yet): a tenant created a moment ago, which `create_tenant` has already projected,
+or every key while the directory catches up after start. A flood of random keys
+from one address therefore costs at most its failure budget of queries per window,
+and no more memory than the cache's bound, while known keys keep working, from any
+address. The address is the connection's peer (`request.client.host`): behind a
+proxy that is the proxy, so put the limit there or give each client its own path.
 """
 from __future__ import annotations
 
@@ -21,7 +28,8 @@ from cachetools import LRUCache, TTLCache
 from plumbing.settings import Settings
 from producers.api_keys import could_be_key, hash_api_key
 from producers.gateway.database import GatewayDatabase, Principal
-from producers.gateway.errors import ApiError
+from producers.gateway.errors import ApiError, DatabaseUnavailable
+from producers.gateway.key_directory import KeyDirectory, Refused
 
 
 @dataclass
@@ -64,8 +72,9 @@ class FailureLimiter:
 
 
 class Authenticator:
-    def __init__(self, db: GatewayDatabase, settings: Settings) -> None:
+    def __init__(self, db: GatewayDatabase, directory: KeyDirectory, settings: Settings) -> None:
         self.db = db
+        self.directory = directory
         self.cache: TTLCache[str, Principal | None] = TTLCache(maxsize=settings.gateway_auth_cache_entries,
                                                                ttl=settings.gateway_auth_cache_s)
         self.failures = FailureLimiter(settings.gateway_auth_failures_per_minute,
@@ -73,11 +82,15 @@ class Authenticator:
         self.lookups = 0  # Postgres queries made (a test and an operator can see what a flood cost)
 
     async def principal(self, presented: str | None, address: str | None) -> Principal:
-        """The key's tenant; ApiError 401 for a missing or unknown key, 429 while `address` is over its
-        failure budget. A cached valid key costs nothing; anything else spends one attempt of the address
-        before its lookup (so concurrent floods are bounded too), given back when the key is valid."""
+        """The key's tenant; ApiError 401 for a missing, unknown or revoked key, 429 while `address` is over its
+        failure budget, 503 when Postgres has to answer and cannot. A key live in the directory or cached as
+        valid costs nothing; anything else spends one attempt of the address before its lookup (so concurrent
+        floods are bounded too), given back when the key is valid or the database failed."""
         key_hash = hash_api_key(presented) if could_be_key(presented) else None
-        principal = self.cache.get(key_hash) if key_hash is not None else None
+        known = self.directory.lookup(key_hash) if key_hash is not None else None
+        if isinstance(known, Principal):
+            return known
+        principal = self.cache.get(key_hash) if key_hash is not None and known is None else None
         if principal is not None:
             return principal
         address = address or "unknown"
@@ -85,13 +98,22 @@ class Authenticator:
         if retry_ms is not None:
             raise ApiError(429, "auth_rate_limited", "too many failed authentications from this address",
                            {"reason": "auth_failures"}, retry_ms)
-        if key_hash is not None and key_hash not in self.cache:
-            self.lookups += 1
-            principal = await self.db.principal_of_key(key_hash)
-            self.cache[key_hash] = principal
+        if key_hash is not None and not isinstance(known, Refused) and key_hash not in self.cache:
+            principal = await self._looked_up(key_hash, address)
         if principal is None:
             raise ApiError(401, "unauthorized", "a valid API key is required (Authorization: Bearer <key>)")
         self.failures.refund(address)
+        return principal
+
+    async def _looked_up(self, key_hash: str, address: str) -> Principal | None:
+        """Postgres's answer for a hash the directory does not know, cached (hits and misses alike)."""
+        self.lookups += 1
+        try:
+            principal = await self.db.principal_of_key(key_hash)
+        except DatabaseUnavailable:
+            self.failures.refund(address)  # the database failed, not the caller's key
+            raise
+        self.cache[key_hash] = principal
         return principal
 
 

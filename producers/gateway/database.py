@@ -4,19 +4,31 @@ Reads share a small pool of connections (`gateway_db_pool_size`), so one slow
 read (a flood of unknown keys, a large resume buffer) never queues every other
 tenant's reads behind it on one connection. Caching of key lookups is
 `producers.gateway.auth`'s business.
+
+A database that does not answer (unreachable, dropped, recreated but not
+migrated yet: the chaos run's projection rebuild) is `DatabaseUnavailable`, a
+503 with Retry-After on every route, never a 500.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import psycopg
 import psycopg_pool
 from psycopg_pool import AsyncConnectionPool
 
+from producers.gateway.errors import DatabaseUnavailable
 from projections.stream_text import decode_text
 from schemas.stream import TokenLogprob
 
+log = logging.getLogger(__name__)
+
 APPLICATION_NAME = "ledgerlm-gateway"
+# What a read meets while the database is down or being rebuilt: a cut or refused connection (OperationalError),
+# no connection within the pool's timeout (PoolTimeout, an OperationalError too), a database created again whose
+# tables the migrations have not made yet (UndefinedTable).
+UNAVAILABLE = (psycopg.OperationalError, psycopg.errors.UndefinedTable)
 
 
 @dataclass(frozen=True)
@@ -72,10 +84,12 @@ STATUS_COLUMNS = ("generation_id", "tenant_id", "request_id", "model_version", "
 
 
 class GatewayDatabase:
-    """A pool of at most `pool_size` autocommit connections; each query borrows one for its duration."""
+    """A pool of at most `pool_size` autocommit connections; each query borrows one for its duration, waiting at
+    most `timeout_s` for it."""
 
-    def __init__(self, url: str, pool_size: int = 4, timeout_s: float = 10.0) -> None:
+    def __init__(self, url: str, pool_size: int = 4, timeout_s: float = 10.0, retry_after_ms: int = 1000) -> None:
         self.url = url
+        self.retry_after_ms = retry_after_ms
         self.pool = AsyncConnectionPool(url, min_size=1, max_size=pool_size, open=False, timeout=timeout_s,
                                         kwargs={"autocommit": True, "application_name": APPLICATION_NAME},
                                         name="gateway-reads")
@@ -90,14 +104,22 @@ class GatewayDatabase:
         """The database answers `SELECT 1` (reconnecting once); False on any database error."""
         try:
             return await self._fetchone("SELECT 1", ()) is not None
-        except psycopg.Error:
+        except (psycopg.Error, DatabaseUnavailable):
             return False
 
     async def _rows(self, sql: str, params: tuple) -> list[tuple]:
-        """Every query goes through here. A connection lost to a Postgres restart (or a dropped database) is
-        discarded by the pool when it comes back broken; the query then has the pool check its idle
-        connections (dropping the dead ones) and runs once more, so the gateway recovers when the database
-        is back instead of failing requests on dead connections."""
+        """Every query goes through here; DatabaseUnavailable when the database does not answer."""
+        try:
+            return await self._reconnecting(sql, params)
+        except UNAVAILABLE as exc:
+            log.warning("database unavailable error=%s", type(exc).__name__)
+            raise DatabaseUnavailable(type(exc).__name__, self.retry_after_ms) from exc
+
+    async def _reconnecting(self, sql: str, params: tuple) -> list[tuple]:
+        """A connection lost to a Postgres restart (or a dropped database) is discarded by the pool when it comes
+        back broken; the query then has the pool check its idle connections (dropping the dead ones) and runs
+        once more, so the gateway recovers when the database is back instead of failing requests on dead
+        connections."""
         try:
             return await self._run(sql, params)
         except psycopg_pool.PoolTimeout:

@@ -22,6 +22,15 @@ class ApiError(Exception):
         self.retry_after_ms = retry_after_ms
 
 
+class DatabaseUnavailable(ApiError):
+    """The projections database did not answer a read (unreachable, dropped, not migrated yet): 503 with
+    Retry-After. Every gateway read raises it (`database.py`), so each route answers it in its own shape."""
+
+    def __init__(self, error: str, retry_after_ms: int) -> None:
+        super().__init__(503, "database_unavailable", "the database is unavailable; retry later", {"error": error},
+                         retry_after_ms)
+
+
 def error_response(status: int, code: str, message: str, details: dict[str, Any] | None = None,
                    retry_after_ms: int | None = None) -> JSONResponse:
     headers = {}

@@ -1,5 +1,5 @@
 """One gateway process's parts: admission client, stream bridge, database, model catalog, workers board,
-authentication, per-tenant slots and presence; started and stopped together (`app.py` serves them).
+key directory and authentication, per-tenant slots and presence; started and stopped together (`app.py` serves them).
 
     principal_of(connection)  the caller's tenant from its API key, for every route of every API
 """
@@ -21,6 +21,7 @@ from producers.gateway.auth import Authenticator, presented_key
 from producers.gateway.bridge import StreamBridge
 from producers.gateway.database import GatewayDatabase, Principal
 from producers.gateway.disconnects import DisconnectPolicy
+from producers.gateway.key_directory import KeyDirectory
 from producers.gateway.presence import Presence
 from producers.gateway.prompts import ModelCatalog
 from producers.gateway.replay import replay_from
@@ -43,6 +44,7 @@ class Gateway:
     metrics: GatewayMetrics
     board: WorkerBoard
     workers_follower: Follower
+    keys: KeyDirectory
     auth: Authenticator
     slots: TenantSlots
     presence: Presence
@@ -59,7 +61,9 @@ class Gateway:
             if isinstance(event, WorkerHeartbeat):
                 board.observe(event)
 
-        db = GatewayDatabase(database_url, settings.gateway_db_pool_size)
+        db = GatewayDatabase(database_url, settings.gateway_db_pool_size, settings.gateway_db_timeout_s,
+                             settings.retry_after_ms)
+        keys = KeyDirectory(kafka)
         slots = TenantSlots({STREAMS: settings.gateway_max_streams_per_tenant,
                              WAITING: settings.gateway_max_waiting_per_tenant}, settings.retry_after_ms)
         bridge = StreamBridge(kafka, start=replay_from(db.projected_offsets, settings.bridge_replay_max_s),
@@ -70,7 +74,7 @@ class Gateway:
                    Follower(kafka, [MODELS], lambda _topic, event: catalog.observe(event),
                             client_id="gateway-models"), metrics, board=board,
                    workers_follower=Follower(kafka, [WORKERS], on_worker, client_id="gateway-workers"),
-                   auth=Authenticator(db, settings), slots=slots, presence=presence,
+                   keys=keys, auth=Authenticator(db, keys, settings), slots=slots, presence=presence,
                    disconnects=DisconnectPolicy(kafka, presence))
 
     async def start(self) -> None:
@@ -80,15 +84,17 @@ class Gateway:
         self._models_task = asyncio.create_task(self.models.run(), name="gateway-models")
         await self.workers_follower.start()
         self._workers_task = asyncio.create_task(self.workers_follower.run(), name="gateway-workers")
+        await self.keys.start()
         await self.bridge.start()
         await self.admission.start()
         await self.disconnects.start(self)
 
     async def readiness(self) -> Readiness:
         """Ready: the admission client, stream bridge and model follower run, the bridge has replayed what the
-        projections lack (else a read of a generation admitted elsewhere would wait), and the database answers."""
+        projections lack (else a read of a generation admitted elsewhere would wait), the key directory has read
+        `llm.tenants` (else every key is Postgres's to answer), and the database answers."""
         return Readiness({"admission": self.admission.running, "bridge": self.bridge.running,
-                          "bridge_caught_up": self.bridge.caught_up,
+                          "bridge_caught_up": self.bridge.caught_up, "keys": self.keys.caught_up,
                           "models": self.models.caught_up.is_set() and not self._models_task.done(),
                           "database": await self.db.ping()})
 
@@ -100,12 +106,14 @@ class Gateway:
         await self.bridge.stop()
         await self.models.stop()
         await self.workers_follower.stop()
+        await self.keys.stop()
         await self.db.stop()
 
 
 async def principal_of(connection: HTTPConnection, api_key: str | None = None) -> Principal:
-    """The caller's tenant from its API key (header, or `?api_key=` where a route takes one): 401, or 429 for an
-    address failing too often. The one way every route, native or OpenAI, HTTP or WebSocket, learns it."""
+    """The caller's tenant from its API key (header, or `?api_key=` where a route takes one): 401, 429 for an
+    address failing too often, 503 when only Postgres could answer and is down. The one way every route, native
+    or OpenAI, HTTP or WebSocket, learns it."""
     gateway: Gateway = connection.app.state.gateway
     return await gateway.auth.principal(presented_key(connection.headers, api_key),
                                         connection.client.host if connection.client else None)

@@ -133,8 +133,8 @@ async def test_every_role_is_healthy_and_ready(gateway, worker, controller):
         assert (await get(f"{url}/nothing")).status_code == 404
     ready = await gateway.get("/readyz")
     assert ready.status_code == 200, ready.text
-    assert ready.json()["checks"] == {"admission": True, "bridge": True, "bridge_caught_up": True, "models": True,
-                                      "database": True}
+    assert ready.json()["checks"] == {"admission": True, "bridge": True, "bridge_caught_up": True, "keys": True,
+                                      "models": True, "database": True}
 
 
 async def test_a_draining_worker_is_not_ready(start_worker, controller):

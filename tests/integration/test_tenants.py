@@ -123,3 +123,38 @@ def test_a_key_hash_claimed_by_two_tenants_authenticates_nobody(conn):
     assert authenticate(conn, key.plain) is None
     conn.execute("UPDATE api_keys SET revoked_at = now() WHERE tenant_id = %s", (names[0],))
     assert authenticate(conn, key.plain) == names[1]
+
+
+async def test_the_gateways_key_index_answers_as_the_projection_after_every_registration(scratch_database):
+    """Random registrations of three tenants over four key hashes, applied by the projection and by the gateway's
+    in-memory index: after each one, every hash authenticates the same tenant (or nobody) in both, and the index
+    knows exactly the hashes the projection has rows for."""
+    import random
+
+    from migrations import runner
+    from producers.gateway.database import GatewayDatabase
+    from producers.gateway.key_directory import ApiKeyIndex, Refused
+    from projections.tenants import apply
+    from tests.unit.test_key_directory import make_registration
+
+    runner.upgrade(scratch_database)
+    rng = random.Random(16)
+    hashes = [f"{digit}" * 64 for digit in "1234"]
+    index = ApiKeyIndex()
+    db = GatewayDatabase(scratch_database, pool_size=1)
+    await db.start()
+    try:
+        with psycopg.connect(scratch_database, autocommit=True) as conn:
+            for step in range(60):
+                registration = make_registration(rng.choice(["t1", "t2", "t3"]), rng.choice(hashes),
+                                                 max_tokens_in_flight=step + 1)
+                apply(conn, registration)
+                index.observe(registration)
+                for key_hash in hashes:
+                    answer = index.lookup(key_hash)
+                    projected = await db.principal_of_key(key_hash)
+                    assert (None if isinstance(answer, Refused) else answer) == projected, (step, key_hash)
+                    rows = conn.execute("SELECT 1 FROM api_keys WHERE key_hash = %s", (key_hash,)).fetchone()
+                    assert (answer is not None) == (rows is not None), (step, key_hash)
+    finally:
+        await db.stop()
