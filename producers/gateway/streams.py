@@ -249,6 +249,11 @@ class BoundedDelivery:
                              self.queue.qsize(), self.last_seq)
                     return
                 self.queue.put_nowait(event)
+        except ApiError as exc:  # e.g. database_unavailable reading the resume buffer: resume after Retry-After
+            log.warning("stream source refused generation=%s code=%s", self.generation_id, exc.code)
+            details = {**exc.details, "retryAfterMs": exc.retry_after_ms} if exc.retry_after_ms else exc.details
+            self.queue.put_nowait(StreamEvent("error", {"code": exc.code, "message": exc.message,
+                                                        "details": details}))
         except Exception as exc:  # the client gets an error event, not a silently truncated stream
             log.warning("stream source failed generation=%s error=%s", self.generation_id, type(exc).__name__)
             self.queue.put_nowait(StreamEvent("error", {"code": "internal", "message": "stream source failed"}))

@@ -307,6 +307,7 @@ async def gateway(cp_kafka, database_url, cp_settings, versions, controller):
     await app.state.gateway.start()
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway", timeout=60)
     client.gateway = app.state.gateway
+    await wait_ready(client)  # the bridge has replayed and the key directory caught up
     yield client
     await client.aclose()
     await app.state.gateway.stop()
@@ -336,6 +337,14 @@ async def own_version(bootstrap, model_dir, gateway, role: str) -> str:
     await register_model(bootstrap, model_dir, version)
     await wait_until(lambda: version in gateway.gateway.catalog.versions, 10, what="the gateway to see it")
     return version
+
+
+async def wait_ready(client: httpx.AsyncClient, timeout_s: float = 60) -> None:
+    """Until the gateway's /readyz answers 200."""
+    deadline = time.monotonic() + timeout_s
+    while (ready := await client.get("/readyz")).status_code != 200:
+        assert time.monotonic() < deadline, f"gateway not ready in {timeout_s}s: {ready.text}"
+        await asyncio.sleep(0.1)
 
 
 async def wait_until(predicate, timeout_s: float, step_s: float = 0.02, what: str = "condition"):
