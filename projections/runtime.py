@@ -11,6 +11,16 @@ offset; its compare-and-set matches no row, the transaction rolls back, and
 it re-seeks to whatever the new owner stored. Kafka's own committed offsets
 are never used: Postgres is the only place a position is remembered.
 
+The compare-and-set checks the offset a batch replaces, not where the batch
+begins, so records before the stored offset are dropped before applying: a
+consumer that stands before it (an assignment whose seek did not run: aiokafka
+left it at the earliest offset) would otherwise apply them again, and a second
+application is not harmless (an Interrupted applied again after its attempt's
+delayed AttemptStarted closes an attempt that one application leaves open).
+Offsets for an assignment are read on a connection of their own: the rebalance
+listener runs in aiokafka's coordinator task, while a batch may hold the
+projector's connection in its transaction.
+
 Two modes: `run()` joins a consumer group and seeks to the stored offsets on
 every assignment; `catch_up()` assigns partitions itself and stops at given
 offsets (audit replay, benchmarks, tests).
@@ -93,6 +103,8 @@ class Projector:
                  reject: Callable[[TopicPartition, int, Envelope, str, bytes | None], Awaitable[None]] | None = None,
                  ready_lag: int = 1000) -> None:
         self.kafka = kafka
+        self.database_url = database_url
+        self.schema = schema
         self.by_topic = {p.topic: p for p in projections}
         self.divert = divert
         self.group_id = group_id
@@ -120,12 +132,13 @@ class Projector:
 
     # -- positions ---------------------------------------------------------
     def _load_stored(self, partitions: Sequence[TopicPartition]) -> None:
+        """The committed offsets of `partitions`, on a connection of its own (never inside a batch's transaction)."""
         by_topic: dict[str, dict[int, int]] = {}
-        for tp in partitions:
-            if tp.topic not in by_topic:
-                by_topic[tp.topic] = load_offsets(self.conn, self.by_topic[tp.topic].name, tp.topic)
-            self.stored[tp] = by_topic[tp.topic].get(tp.partition)
-        self.conn.commit()
+        with connect(self.database_url, self.schema) as conn:
+            for tp in partitions:
+                if tp.topic not in by_topic:
+                    by_topic[tp.topic] = load_offsets(conn, self.by_topic[tp.topic].name, tp.topic)
+                self.stored[tp] = by_topic[tp.topic].get(tp.partition)
 
     async def _seek_stored(self, consumer: AIOKafkaConsumer, partitions: Sequence[TopicPartition]) -> None:
         await asyncio.to_thread(self._load_stored, partitions)
@@ -140,7 +153,10 @@ class Projector:
                             batches: dict[TopicPartition, list[ConsumerRecord]]) -> None:
         """Every partition's records of one poll in one Postgres transaction, offsets included."""
         items: list[Batch] = []
-        for tp, records in batches.items():
+        for tp, polled in batches.items():
+            records = self._unapplied(consumer, tp, polled)
+            if not records:
+                continue
             projection = self.by_topic[tp.topic]
             item = Batch(projection, tp, records[-1].offset + 1)
             for record in records:
@@ -152,6 +168,8 @@ class Projector:
                     item.offsets[id(event)] = record.offset
                     item.keys[id(event)] = record.key
             items.append(item)
+        if not items:
+            return
         try:
             refused_by_item = await asyncio.to_thread(self._commit_batches, items)
         except StaleOffset:
@@ -168,6 +186,19 @@ class Projector:
                 await self._dead_letter(item, event, reason)
             if self.on_commit is not None:
                 self.on_commit(name, item.events)
+
+    def _unapplied(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
+                   records: list[ConsumerRecord]) -> list[ConsumerRecord]:
+        """The records at or after the stored offset; when none is, the consumer is sent there."""
+        stored = self.stored.get(tp)
+        if stored is None or records[0].offset >= stored:
+            return records
+        fresh = [r for r in records if r.offset >= stored]
+        log.warning("records before the stored offset dropped topic=%s partition=%d from=%d stored=%d count=%d",
+                    tp.topic, tp.partition, records[0].offset, stored, len(records) - len(fresh))
+        if not fresh:
+            consumer.seek(tp, stored)
+        return fresh
 
     async def _dead_letter(self, item: Batch, event: Envelope, reason: str) -> None:
         """Report a refused event (the CLI: to llm.dlq). It is already in `refused_events`, committed with the

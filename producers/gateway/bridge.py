@@ -14,7 +14,10 @@ interrupted epoch is dead, and its late tokens are ignored.
 The final event is the worker's `StreamFinished`; for ends without a worker
 (interrupted, rejected, canceled before start) the bridge writes it itself
 from the last recorded usage watermark, labelled "interrupted" where only the
-watermark was billed.
+watermark was billed: at once when its view read the generation from the
+admission and holds the tokens that watermark counts; otherwise in the sweep,
+after FINAL_GRACE_S (a view begun later may lack the watermark the seal bills,
+and the tokens it counts may still be on their way).
 """
 from __future__ import annotations
 
@@ -102,8 +105,7 @@ class StreamBridge:
             if event.epoch not in view.dead_epochs and event.epoch not in view.finals:
                 if not stream or event.seq > stream[-1].seq:
                     stream.append(event)
-                if view.terminal is not None and view.final is None and self.caught_up and not view.partial \
-                        and view.covers_watermark():
+                if view.terminal is not None and view.final is None and self.ends_now(view):
                     self._end_without_worker(view)
         elif isinstance(event, StreamFinished):
             if event.epoch not in view.dead_epochs and event.epoch not in view.finals:
@@ -143,9 +145,13 @@ class StreamBridge:
         view.status = STATUS_OF_TERMINAL[type(event).__name__]
         if isinstance(event, (Completed, Canceled, Expired, Failed)):
             view.usage[view.current_epoch] = event.usage
-        elif self.caught_up and not view.partial and view.covers_watermark():
+        elif self.ends_now(view):
             self._end_without_worker(view)
         # else replaying: llm.tokens may lag this topic, so the stream's last seq is not known yet (the sweep ends it)
+
+    def ends_now(self, view: GenerationView) -> bool:
+        """Whether an end no worker writes can be written as soon as it is read (else the sweep writes it)."""
+        return self.caught_up and not view.partial and view.from_admission and view.covers_watermark()
 
     def _end_without_worker(self, view: GenerationView) -> None:
         """The final event of an interrupted or rejected generation, which no worker writes."""
@@ -172,7 +178,7 @@ class StreamBridge:
         view = self.views.get(generation_id)
         if view is not None:
             view.partial = False
-            if view.terminal is not None and view.final is None and self.caught_up and view.covers_watermark():
+            if view.terminal is not None and view.final is None and self.ends_now(view):
                 self._end_without_worker(view)
             self._changed.add(generation_id)
             self.notify_changed()

@@ -77,9 +77,20 @@ class GenerationView:
             self.streams[epoch] = [by_seq[seq] for seq in sorted(by_seq)]
 
     def covers_watermark(self) -> bool:
-        """The current epoch's stream holds every token its latest usage watermark counts."""
+        """The current epoch's stream holds every token its latest usage watermark counts. Judged by the last
+        event's cumulative `token_count`: a view may hold only the end of a stream whose start a client got
+        from the resume buffer."""
         billed = self.usage.get(self.current_epoch, Usage()).generated_output_tokens
-        return sum(len(t.token_ids) for t in self.tokens) >= billed
+        tokens = self.tokens
+        return (tokens[-1].token_count if tokens else 0) >= billed
+
+    @property
+    def from_admission(self) -> bool:
+        """It read the lifecycle from the admission on, so its watermark is the newest one before the records it
+        read. A view begun later (a guest's backfill, a partition a rebalance assigned, read from where the
+        projections stand) lacks the watermarks applied before it, and may be reading llm.generations ahead
+        of llm.tokens: it cannot tell which tokens an interruption's bill counts."""
+        return self.request_id is not None
 
     def notify(self) -> None:
         self.changed.set()

@@ -10,6 +10,11 @@ that view holds them all; otherwise from the resume buffer first and the bridge
 after, the buffer filling any hole between the two, so nothing is skipped or
 repeated. A cursor older than both is refused as `cursor_expired`.
 
+An ended generation the bridge does not hold is ended from the buffer, but only
+once the buffer holds every token its status's usage counts (for an interruption:
+what was billed): the projector applies llm.tokens apart from llm.generations, and
+a final event before those tokens would end the client's stream short of its bill.
+
 The queue bounds what one connection can make the server hold: the source stops
 at the bound and the stream ends with a `slow_consumer` error naming the last
 seq sent, from which the client resumes.
@@ -28,7 +33,7 @@ from fastapi.responses import StreamingResponse
 
 from producers.gateway.bridge import StreamBridge
 from producers.gateway.generation_view import FinalEvent, GenerationView
-from producers.gateway.database import GatewayDatabase
+from producers.gateway.database import GatewayDatabase, StreamProgress
 from producers.gateway.presence import Presence
 from producers.gateway.errors import ApiError
 from producers.gateway.status import TERMINAL
@@ -145,34 +150,63 @@ async def open_source(bridge: StreamBridge, db: GatewayDatabase, generation_id: 
         log.info("cursor expired generation=%s after=%d oldest=%d", generation_id, after, progress.oldest_seq)
         raise ApiError(410, "cursor_expired", "the events after this cursor are no longer retained",
                        {"generationId": generation_id, "after": after, "oldestSeq": progress.oldest_seq})
-    if status["status"] in TERMINAL and progress is not None and progress.epoch == epoch:
-        final_seq = progress.last_seq if progress.end_reason else progress.last_seq + 1
-        if after >= final_seq:
-            return None
+    if status["status"] in TERMINAL and progress is not None and progress.epoch == epoch \
+            and holds_usage(progress, status) and after >= final_seq_of(progress):
+        return None
     return follow_buffer(bridge, db, generation_id, status, after)
+
+
+def holds_usage(progress: StreamProgress | None, status: dict) -> bool:
+    """The resume buffer holds every output token the status's usage counts."""
+    counted = status["usage"]["outputTokens"]
+    return counted == 0 or (progress is not None and progress.epoch == status.get("epoch")
+                            and progress.token_count >= counted)
+
+
+def final_seq_of(progress: StreamProgress) -> int:
+    """The final event's seq: the worker's final event, or the one written for it after the last token."""
+    return progress.last_seq if progress.end_reason else progress.last_seq + 1
 
 
 async def follow_buffer(bridge: StreamBridge, db: GatewayDatabase, generation_id: str, status: dict,
                         after: int) -> AsyncIterator[StreamEvent]:
-    """A stream the bridge did not see whole: the resume buffer after `after`, then live events."""
+    """A stream the bridge did not see whole: the resume buffer after `after`, then live events (or, ended,
+    the final event once the buffer holds what the status counts)."""
+    ended = status["status"] in TERMINAL
+    if ended and not await buffer_holds_usage(db, generation_id, status):
+        yield StreamEvent("error", {"code": "stream_behind", "generationId": generation_id, "lastSeq": after,
+                                    "message": "the stored stream does not hold all its tokens yet; resume"})
+        return
     last_seq = after
     epoch = status.get("epoch")
     if epoch:
         for row in await db.stream_rows(generation_id, epoch, after):
             yield buffered_event(generation_id, epoch, row, row.token_count)
             last_seq = row.seq
-    if status["status"] in TERMINAL:
+    if ended:
         progress = await db.stream_progress(generation_id)
-        if progress is not None and progress.epoch == epoch:
-            final_seq = progress.last_seq if progress.end_reason else progress.last_seq + 1
-        else:
-            final_seq = last_seq + 1
+        final_seq = final_seq_of(progress) if progress is not None and progress.epoch == epoch else last_seq + 1
         label = "interrupted" if status["status"] == "interrupted" else "final"
         yield StreamEvent("final", {"id": generation_id, "reason": status["endReason"] or status["status"],
                                     "seq": final_seq, "usageLabel": label, "usage": status["usage"]}, final_seq)
         return
     async for event in follow_live(bridge, db, generation_id, last_seq):
         yield event
+
+
+async def buffer_holds_usage(db: GatewayDatabase, generation_id: str, status: dict) -> bool:
+    """Whether the buffer holds the tokens the status counts, waiting out the projector's lag up to GAP_WAIT_S."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + GAP_WAIT_S
+    while True:
+        progress = await db.stream_progress(generation_id)
+        if holds_usage(progress, status):
+            return True
+        if loop.time() > deadline:
+            log.warning("stored stream behind its status generation=%s counted=%d stored=%s", generation_id,
+                        status["usage"]["outputTokens"], None if progress is None else progress.token_count)
+            return False
+        await asyncio.sleep(0.1)
 
 
 async def follow_live(bridge: StreamBridge, db: GatewayDatabase, generation_id: str,

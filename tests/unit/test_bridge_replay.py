@@ -14,8 +14,16 @@ class Clock:
 
 
 def tokens(gen_id: str, tenant_id: str, seqs):
+    """Stream events of two tokens each; `token_count` is cumulative, as the worker writes it."""
     for seq in seqs:
-        yield make_event("TokensEmitted", tenant_id, gen_id).model_copy(update={"seq": seq})
+        yield make_event("TokensEmitted", tenant_id, gen_id).model_copy(update={"seq": seq, "token_count": 2 * seq})
+
+
+def watermark(gen_id: str, tenant_id: str, output_tokens: int):
+    from schemas.values import Usage
+
+    event = make_event("UsageReported", tenant_id, gen_id)
+    return event.model_copy(update={"usage": Usage(generated_output_tokens=output_tokens)})
 
 
 def test_an_interrupt_replayed_ahead_of_its_tokens_ends_the_stream_after_them_once_caught_up():
@@ -74,3 +82,42 @@ def test_a_live_interrupt_read_before_the_tokens_its_watermark_counts_waits_for_
     bridge.on_event("llm.tokens", next(tokens(gen_id, tenant, (2,))))
     assert (view.final.reason, view.final.seq, view.final.usage.generated_output_tokens) == ("interrupted", 3, 4)
     assert [t.seq for t in view.tokens] == [1, 2]
+
+
+def test_an_interrupt_read_ahead_of_tokens_by_a_view_begun_mid_stream_waits_for_the_sweep():
+    """A view that did not read the admission (a guest's backfill, a partition a rebalance assigned, both read
+    from where the projections stand) may lack the watermark the seal bills, so an empty or stale watermark
+    proves nothing: tokens read just after the Interrupted (the rest of the same poll) still belong to the
+    stream, and the end is written by the sweep after the grace."""
+    clock = Clock()
+    bridge = StreamBridge("unused:9092", clock=clock)
+    bridge.tail.owned.caught_up.set()
+    gen_id, tenant = "gen_mid_stream", "tenant-m"
+    for event in tokens(gen_id, tenant, (1, 2)):
+        bridge.on_event("llm.tokens", event)
+    bridge.on_event("llm.generations", make_event("Interrupted", tenant, gen_id))  # its watermark was projected
+    view = bridge.view(gen_id)
+    assert view.final is None
+    for event in tokens(gen_id, tenant, (3, 4)):
+        bridge.on_event("llm.tokens", event)
+    bridge.sweep_once()
+    assert view.final is None  # within the grace
+    clock.now += FINAL_GRACE_S + 1
+    bridge.sweep_once()
+    assert (view.final.reason, view.final.usage_label, view.final.seq) == ("interrupted", "interrupted", 5)
+    assert [t.seq for t in view.tokens] == [1, 2, 3, 4]
+
+
+def test_a_view_holding_the_end_of_a_stream_covers_a_watermark_by_the_cumulative_count():
+    """Tokens 1-2 reached the client from the resume buffer; the view holds 3-4, which end at 8 tokens: a
+    watermark of 8 is covered, so the interruption ends the stream at once, not after WATERMARK_WAIT_S."""
+    bridge = StreamBridge("unused:9092", clock=Clock())
+    bridge.tail.owned.caught_up.set()
+    gen_id, tenant = "gen_suffix", "tenant-s"
+    bridge.on_event("llm.generations", make_event("Admitted", tenant, gen_id))
+    for event in tokens(gen_id, tenant, (3, 4)):
+        bridge.on_event("llm.tokens", event)
+    bridge.on_event("llm.generations", watermark(gen_id, tenant, 8))
+    bridge.on_event("llm.generations", make_event("Interrupted", tenant, gen_id))
+    view = bridge.view(gen_id)
+    assert (view.final.reason, view.final.seq, view.final.usage.generated_output_tokens) == ("interrupted", 5, 8)

@@ -1,0 +1,115 @@
+"""A projector applies each record once, wherever its consumer stands (real Kafka and PostgreSQL).
+
+The log of chaos run 3's audit difference: the controller's Interrupted appended before the worker's delayed
+AttemptStarted of the same epoch. Applied once, the attempt's row stays open (nothing closed it when it was
+inserted); applied again after the AttemptStarted, the Interrupted closes it, dated before its start, while
+every other table stays the same. So the live projection had re-applied records a replay applies once.
+"""
+import asyncio
+import threading
+import time
+import uuid
+
+import psycopg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from plumbing.kafka.clients import make_consumer, publish
+from projections.lifecycle import LifecycleProjection
+from projections.offsets import load_offsets
+from projections.runtime import Projector
+from schemas.topics import GENERATIONS
+from tests.projections.conftest import Gen, one
+
+ATTEMPT = "SELECT ended_at, end_reason FROM attempts WHERE generation_id = %s AND epoch = 1"
+
+
+async def interrupted_before_started(producer) -> tuple[Gen, TopicPartition, int, int]:
+    """The generation, its partition, and the offsets of its first and last records."""
+    gen = Gen(tenant_id="rewind-tenant", generation_id=f"gen-{uuid.uuid4().hex[:12]}")
+    sent = [await publish(producer, GENERATIONS, event) for event in (gen.admitted(), gen.interrupted(),
+                                                                       gen.started())]
+    return gen, TopicPartition(GENERATIONS, sent[0].partition), sent[0].offset, sent[-1].offset
+
+
+async def apply_through(projector: Projector, consumer: AIOKafkaConsumer, tp: TopicPartition, last: int) -> None:
+    """Poll and apply as the projector's loop does until the consumer is past offset `last`."""
+    deadline = time.monotonic() + 30
+    while await consumer.position(tp) <= last:
+        assert time.monotonic() < deadline, f"consumer stuck at {await consumer.position(tp)}, want > {last}"
+        batches = await consumer.getmany(tp, timeout_ms=500)
+        if batches:
+            await projector._apply_polled(consumer, batches)
+
+
+def stored_offset(database_url: str, tp: TopicPartition) -> int:
+    with psycopg.connect(database_url) as conn:
+        return load_offsets(conn, "generations", GENERATIONS)[tp.partition]
+
+
+async def test_records_before_the_stored_offset_are_not_applied_again(producer, bootstrap, projection_db):
+    gen, tp, first, last = await interrupted_before_started(producer)
+    projector = Projector(bootstrap, projection_db, [LifecycleProjection()])
+    consumer = make_consumer(bootstrap)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        await projector._seek_stored(consumer, [tp])
+        await apply_through(projector, consumer, tp, last)
+        consumer.seek(tp, first)  # where a consumer stands when its assignment's seek did not run
+        await apply_through(projector, consumer, tp, last)
+    finally:
+        await consumer.stop()
+        projector.close()
+    with psycopg.connect(projection_db) as conn:
+        assert one(conn, ATTEMPT, gen.generation_id) == (None, None)
+        assert one(conn, "SELECT status, started_at FROM generations WHERE generation_id = %s",
+                   gen.generation_id) == ("interrupted", None)
+    assert projector.stats.applied == {"generations": 3}
+    assert stored_offset(projection_db, tp) == last + 1
+
+
+class HeldProjection(LifecycleProjection):
+    """The lifecycle projection, holding its batch open (inside the projector's transaction) until released."""
+
+    def __init__(self) -> None:
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def apply(self, conn, events) -> None:
+        self.holding.set()
+        assert self.release.wait(30), "never released"
+        super().apply(conn, events)
+
+
+async def test_an_assignment_during_a_batch_seeks_from_committed_offsets(producer, bootstrap, projection_db):
+    """aiokafka runs the rebalance listener in its own task, so an assignment's offsets are loaded while a
+    batch may be in flight: that must neither touch the batch's transaction nor lead to applying it twice."""
+    gen, tp, first, last = await interrupted_before_started(producer)
+    held = HeldProjection()
+    projector = Projector(bootstrap, projection_db, [held])
+    consumer = make_consumer(bootstrap)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        await projector._seek_stored(consumer, [tp])
+        before = projector.stored[tp]
+        batches: dict[TopicPartition, list] = {tp: []}
+        deadline = time.monotonic() + 30
+        while await consumer.position(tp) <= last:
+            assert time.monotonic() < deadline, "records never came"
+            batches[tp] += (await consumer.getmany(tp, timeout_ms=500)).get(tp, [])
+        batch = asyncio.create_task(projector._apply_polled(consumer, batches))
+        assert await asyncio.to_thread(held.holding.wait, 30)
+        await projector._seek_stored(consumer, [tp])  # the partition assigned again meanwhile
+        assert await consumer.position(tp) == before  # what was committed: the batch is not yet
+        held.release.set()
+        await batch
+        await apply_through(projector, consumer, tp, last)
+    finally:
+        held.release.set()
+        await consumer.stop()
+        projector.close()
+    with psycopg.connect(projection_db) as conn:
+        assert one(conn, ATTEMPT, gen.generation_id) == (None, None)
+    assert projector.stats.applied == {"generations": 3}
+    assert stored_offset(projection_db, tp) == last + 1

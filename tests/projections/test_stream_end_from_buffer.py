@@ -1,0 +1,57 @@
+"""An ended stream a gateway's bridge does not hold is ended from the resume buffer only once the buffer holds
+every token the status counts (real PostgreSQL).
+
+The projector applies llm.tokens apart from llm.generations, so the status can say `interrupted` (billed at the
+watermark) while the buffer still lacks tokens that watermark counts: a final event sent then would end the
+client's stream with fewer tokens than it is billed for (chaos `overbilled`).
+"""
+from datetime import UTC, datetime
+
+import psycopg
+
+from producers.gateway import streams
+from producers.gateway.bridge import StreamBridge
+from producers.gateway.database import GatewayDatabase
+from producers.gateway.status import read_status
+from producers.gateway.streams import open_source
+from projections.lifecycle import LifecycleProjection
+from projections.stream_buffer import StreamBufferProjection
+from tests.projections.conftest import Gen
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def project(database_url: str, projection, events: list) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn, conn.transaction():
+        projection.apply(conn, events)
+
+
+async def collect(source) -> list[tuple[str, int | None, int]]:
+    """(kind, seq, tokens) of every event the client would get."""
+    return [(e.kind, e.seq, len(e.data.get("tokenIds", ()))) async for e in source]
+
+
+async def test_an_interrupted_stream_is_not_ended_from_a_buffer_short_of_its_bill(scratch_database_url,
+                                                                                    monkeypatch):
+    gen = Gen("buffer-tenant", "gen-buffer-behind", T0)
+    project(scratch_database_url, LifecycleProjection(),
+            [gen.admitted(), gen.started(), gen.report(1, 8), gen.interrupted()])
+    tokens = [gen.tokens(seq, token_count=2 * seq, n=2) for seq in (1, 2, 3, 4)]
+    project(scratch_database_url, StreamBufferProjection(), tokens[:2])  # the rest not applied yet
+    monkeypatch.setattr(streams, "GAP_WAIT_S", 0.2)
+    bridge = StreamBridge("unused:9092")  # never started: no view, as on a gateway that does not read this partition
+    db = GatewayDatabase(scratch_database_url)
+    await db.start()
+    try:
+        status = await read_status(db, bridge, gen.tenant_id, gen.generation_id)
+        assert (status["status"], status["usage"]["outputTokens"]) == ("interrupted", 8)
+        assert await collect(await open_source(bridge, db, gen.generation_id, status, 0)) == [("error", None, 0)]
+        assert await collect(await open_source(bridge, db, gen.generation_id, status, 3)) == [("error", None, 0)]
+        project(scratch_database_url, StreamBufferProjection(), tokens[2:])
+        whole = await collect(await open_source(bridge, db, gen.generation_id, status, 0))
+        assert whole == [("token", 1, 2), ("token", 2, 2), ("token", 3, 2), ("token", 4, 2), ("final", 5, 0)]
+        assert await collect(await open_source(bridge, db, gen.generation_id, status, 3)) == [
+            ("token", 4, 2), ("final", 5, 0)]
+        assert await open_source(bridge, db, gen.generation_id, status, 5) is None  # holds the final: 204
+    finally:
+        await db.stop()
