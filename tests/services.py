@@ -49,6 +49,9 @@ def test_stack_settings(settings: Settings) -> Settings:
         "postgres_port": None})
 
 
+test_stack_settings.__test__ = False  # a helper the test modules import, not a test
+
+
 def start_services(settings: Settings) -> RunningServices:
     if settings.kafka_bootstrap and settings.database_url:
         return RunningServices(Endpoints(settings.kafka_bootstrap, settings.database_url.get_secret_value()), "external")

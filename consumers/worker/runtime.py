@@ -454,8 +454,9 @@ class Worker:
     def has_ends_in_flight(self) -> bool:
         return bool(self._finishing)
 
-    async def send_heartbeat(self) -> None:
-        await acked(self.send, WORKERS, self.heartbeat())
+    async def send_heartbeat(self) -> asyncio.Future:
+        """The heartbeat handed to the producer; its acknowledgement is the returned future."""
+        return await self.send(WORKERS, self.heartbeat())
 
     async def run(self) -> None:
         await self.http.start()  # first: a taken port fails the start before anything else runs

@@ -10,6 +10,7 @@ import uuid
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 
 from schemas.stream import TokensEmitted
+from schemas.topics import WORKERS
 from tests.controlplane.conftest import SESSION, read_topic, wait_until
 from tests.controlplane.test_worker_failures import admit, wait_until_found
 
@@ -148,3 +149,35 @@ async def test_heartbeats_go_on_while_the_upkeep_of_waiting_attempts_is_stuck(
         assert not worker.self_fenced and worker.readiness().checks["heartbeating"]
     finally:
         worker.waiting.clear()
+
+
+async def test_a_heartbeat_acknowledged_late_within_the_lease_still_renews_it(
+        start_worker, controller, model_dir, bootstrap, cp_settings):
+    """A busy broker or producer may acknowledge a heartbeat after more than two intervals: the lease runs from
+    its sending (as the controller counts it), so the worker must not fence itself for the slowness."""
+    version = await own_version(bootstrap, model_dir, "late-acks")
+    worker = await start_worker(version)
+    interval_s, lease_s = cp_settings.heartbeat_interval_ms / 1000, cp_settings.lease_ms / 1000
+    delay_s = min(interval_s * 2.5, lease_s - interval_s * 2)  # past two intervals, well inside the lease
+    real_send = worker.send
+
+    async def late_send(topic: str, event) -> asyncio.Future:  # fault injection: heartbeats acknowledged late
+        delivery = await real_send(topic, event)
+        if topic != WORKERS:
+            return delivery
+        late = asyncio.get_running_loop().create_future()
+
+        def forward(_: asyncio.Future) -> None:
+            asyncio.get_running_loop().call_later(delay_s, lambda: late.done() or late.set_result(None))
+
+        delivery.add_done_callback(forward)
+        return late
+
+    worker.send = late_send
+    try:
+        slowed_at = time.monotonic()
+        await wait_until(lambda: worker.last_heartbeat_ok > slowed_at + lease_s, lease_s * 4,
+                         what="late heartbeats renewing the lease for more than a lease")
+        assert not worker.self_fenced and worker.readiness().checks["heartbeating"]
+    finally:
+        worker.send = real_send
