@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from plumbing.kafka.clients import LONG_POLL_MS, Kafka, pace_fetches, partitions_of
+from plumbing.kafka.clients import Kafka, partitions_of
 from plumbing.kafka.follower import StartPositions
 from producers.gateway.backfill import Backfill
 from producers.gateway.bridge_readers import GuestReader, OwnedReader, topic_partitions
@@ -41,11 +41,6 @@ log = logging.getLogger(__name__)
 
 FIRST_SHARE_WAIT_S = 30.0
 GUEST_LINGER_S = 10.0  # a partition nobody here watches any more is followed this long (a resume comes back)
-# While nobody here watches a generation of its own partitions, the owned reader lets the broker hold each fetch
-# this long (or until this much is there): records nobody waits for arrive in batches of hundreds, each fetch's
-# fixed cost spread over them. A first subscriber switches back at once; the fetch in flight ends within the wait.
-IDLE_FETCH_MIN_BYTES = 1 << 20
-IDLE_FETCH_WAIT_MS = 50
 
 
 def is_final(record: ConsumerRecord) -> bool:
@@ -70,11 +65,12 @@ class SharedTail:
                                  self.recent.start, self._moved_away, self._moved_here)
         self.guest = GuestReader(kafka, self.take, bridge.notify_changed, self.recent.start)
         self.backfill = Backfill(kafka, start)
+        # The owned reader's fetches are paced idle while nobody here watches a generation of its partitions.
+        self.owned.wanted = lambda: self.decode_all or any(self.interest.in_partition(p) for p in self.owned.partitions)
         self.decoded = 0
         self.skipped = 0
         self._filling: dict[str, asyncio.Future] = {}
         self._idle_since: dict[int, float] = {}
-        self.pacing = "live"  # how the owned reader's fetches are held: "live" (answered at the first record) or "idle"
 
     async def start(self) -> None:
         await self.guest.start()
@@ -98,21 +94,10 @@ class SharedTail:
         except TimeoutError:
             log.warning("bridge has no partition assignment after %.0fs", FIRST_SHARE_WAIT_S)
 
-    async def _loop(self, reader, timeout_ms: int) -> None:
+    @staticmethod
+    async def _loop(reader, timeout_ms: int) -> None:
         while True:
             await reader.poll_once(timeout_ms)
-            if reader is self.owned:
-                self.pace()  # after a rebalance: the watched partitions may have come or gone
-
-    def pace(self) -> None:
-        """Idle fetches while no local party wants a generation of the owned partitions, live ones otherwise
-        (a gateway reading everything, the old way, stays live)."""
-        live = self.decode_all or any(self.interest.in_partition(p) for p in self.owned.partitions)
-        pacing = "live" if live else "idle"
-        if pacing != self.pacing and self.owned.consumer is not None:
-            pace_fetches(self.owned.consumer, *((1, LONG_POLL_MS) if live else
-                                                (IDLE_FETCH_MIN_BYTES, IDLE_FETCH_WAIT_MS)))
-            self.pacing = pacing
 
     async def stop(self) -> None:
         for reader in (self.owned, self.guest, self.backfill):
@@ -150,7 +135,7 @@ class SharedTail:
             return
         filling = self._filling[generation_id] = asyncio.get_running_loop().create_future()
         self._idle_since.pop(self.interest.partition_of(generation_id), None)
-        self.pace()
+        self.owned.pace()
         try:
             until = await self._live_from(generation_id)
             if not self.decode_all:
@@ -189,7 +174,7 @@ class SharedTail:
             partition = self.interest.partition_of(generation_id)
             if not self.interest.in_partition(partition):
                 self._idle_since[partition] = time.monotonic()
-                self.pace()
+                self.owned.pace()
 
     async def release_idle(self) -> None:
         now = time.monotonic()
@@ -228,4 +213,4 @@ class SharedTail:
     def as_json(self) -> dict:
         return {"ownedPartitions": self.owned.partitions, "guestPartitions": self.guest.partitions,
                 "watched": len(self.interest.counts), "recordsDecoded": self.decoded, "recordsSkipped": self.skipped,
-                "pacing": self.pacing}
+                "pacing": self.owned.pacing.mode, "guestPacing": self.guest.pacing.mode}
