@@ -50,6 +50,7 @@ class Gateway:
     presence: Presence
     disconnects: DisconnectPolicy
     deliveries: set = field(default_factory=set)  # the open streams' queues (BoundedDelivery): what they hold
+    database_reached: bool = False  # the database has answered once (readiness)
 
     @classmethod
     def create(cls, settings: Settings, kafka: Kafka, database_url: str) -> "Gateway":
@@ -92,11 +93,17 @@ class Gateway:
     async def readiness(self) -> Readiness:
         """Ready: the admission client, stream bridge and model follower run, the bridge has replayed what the
         projections lack (else a read of a generation admitted elsewhere would wait), the key directory has read
-        `llm.tenants` (else every key is Postgres's to answer), and the database answers."""
+        `llm.tenants` (else every key is Postgres's to answer), and the database has answered once.
+
+        Once: a later database outage must not take every gateway out of a balancer's rotation at the same
+        moment, while admissions, streams and key checks go on without it; the reads that need it answer 503
+        `database_unavailable` meanwhile (and a probe does not wait out the pool's timeout each time)."""
+        if not self.database_reached:
+            self.database_reached = await self.db.ping()
         return Readiness({"admission": self.admission.running, "bridge": self.bridge.running,
                           "bridge_caught_up": self.bridge.caught_up, "keys": self.keys.caught_up,
                           "models": self.models.caught_up.is_set() and not self._models_task.done(),
-                          "database": await self.db.ping()})
+                          "database": self.database_reached})
 
     async def stop(self) -> None:
         await self.disconnects.stop()

@@ -116,6 +116,8 @@ async def test_reads_answer_503_with_retry_after_while_the_database_is_dropped_a
             assert unavailable.json()["code"] == "database_unavailable"
             assert unavailable.json()["details"]["retryAfterMs"] == cp_settings.retry_after_ms
             assert (await client.get("/v1/models", headers=main.headers)).status_code == 200
+            # Still in a balancer's rotation: what does not need the database goes on.
+            assert (await client.get("/readyz")).status_code == 200
             for _ in range(3):
                 unknown = await client.get("/v1/models", headers=RANDOM_KEY)
                 assert unknown.status_code == 503 and unknown.headers["Retry-After"]
