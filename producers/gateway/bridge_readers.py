@@ -123,6 +123,7 @@ class OwnedReader(PartitionReader):
         self.on_revoked, self.on_assigned = on_revoked, on_assigned
         self.caught_up = asyncio.Event()
         self.assigned_once = asyncio.Event()
+        self.held: frozenset[int] = frozenset()  # the partition numbers owned now (checked on every poll)
         self._ends: dict[TopicPartition, int] = {}
 
     async def start(self) -> None:
@@ -139,6 +140,7 @@ class OwnedReader(PartitionReader):
 
     async def revoked(self, tps: set[TopicPartition]) -> None:
         handed = {tp: self.next_offsets.pop(tp) for tp in tps if tp in self.next_offsets}
+        self.held = frozenset(tp.partition for tp in self.next_offsets)
         await self.on_revoked(handed)
 
     async def assigned(self, tps: set[TopicPartition]) -> None:
@@ -151,6 +153,7 @@ class OwnedReader(PartitionReader):
                 self.consumer.seek(tp, starts[tp])
                 self.next_offsets[tp] = starts[tp]
                 self.started(tp, starts[tp], starts[tp] <= projected[tp])
+            self.held = frozenset(tp.partition for tp in self.next_offsets)
             if not self.assigned_once.is_set():
                 self._ends = {tp: end for tp, end in (await self.consumer.end_offsets(sorted(tps))).items()}
         log.info("bridge owns partitions=%s", sorted({tp.partition for tp in tps}))

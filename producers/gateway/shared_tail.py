@@ -66,7 +66,7 @@ class SharedTail:
         self.guest = GuestReader(kafka, self.take, bridge.notify_changed, self.recent.start)
         self.backfill = Backfill(kafka, start)
         # The owned reader's fetches are paced idle while nobody here watches a generation of its partitions.
-        self.owned.wanted = lambda: self.decode_all or any(self.interest.in_partition(p) for p in self.owned.partitions)
+        self.owned.wanted = lambda: self.decode_all or not self.interest.by_partition.keys().isdisjoint(self.owned.held)
         self.decoded = 0
         self.skipped = 0
         self._filling: dict[str, asyncio.Future] = {}
