@@ -265,19 +265,23 @@ async def stream(reply: Reply, pieces: AsyncIterator[Piece | End | None]) -> Asy
     writer = ChunkWriter(reply)
     for chunk in writer.opening():
         yield chunk
-    async for piece in pieces:
-        if isinstance(piece, Piece):
-            chunks = writer.on_prompt_logprobs(piece.prompt_logprobs) if piece.prompt_logprobs is not None else []
-            for chunk in chunks + writer.on_tokens(piece):
-                yield chunk
-        elif piece is None:
-            error = {"message": "the generation did not end in time", "type": "server_error", "param": None,
-                     "code": "stream_timeout"}
-            yield sse_chunk({"error": error})
-            break
-        else:
-            log.info("openai stream end generation=%s finish=%s output_tokens=%d", reply.generation_id,
-                     piece.finish_reason, piece.completion_tokens)
-            for chunk in writer.on_end(piece):
-                yield chunk
+    try:
+        async for piece in pieces:
+            if isinstance(piece, Piece):
+                chunks = writer.on_prompt_logprobs(piece.prompt_logprobs) if piece.prompt_logprobs is not None else []
+                for chunk in chunks + writer.on_tokens(piece):
+                    yield chunk
+            elif piece is None:
+                error = {"message": "the generation did not end in time", "type": "server_error", "param": None,
+                         "code": "stream_timeout"}
+                yield sse_chunk({"error": error})
+                break
+            else:
+                log.info("openai stream end generation=%s finish=%s output_tokens=%d", reply.generation_id,
+                         piece.finish_reason, piece.completion_tokens)
+                for chunk in writer.on_end(piece):
+                    yield chunk
+    except ApiError as exc:  # the 200 went out: e.g. database_unavailable reading the resume buffer of a repeat
+        log.warning("openai stream source refused generation=%s code=%s", reply.generation_id, exc.code)
+        yield sse_chunk({"error": {"message": exc.message, "type": "server_error", "param": None, "code": exc.code}})
     yield b"data: [DONE]\n\n"

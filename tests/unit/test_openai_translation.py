@@ -226,3 +226,21 @@ def test_tool_calls_come_back_with_finish_reason_tool_calls_streamed_as_deltas(g
                                 pieces_of([Piece(text, (5,), 1), End("completed", 1, 0, 1)])))
     assert hermes["choices"][0]["message"]["content"] == "Sure."
     assert hermes["choices"][0]["message"]["tool_calls"][0]["function"] == {"name": "get_time", "arguments": "{}"}
+
+
+def test_a_stream_whose_source_the_database_fails_ends_with_an_error_chunk_and_done(gateway):
+    from producers.gateway.errors import DatabaseUnavailable
+
+    body = ChatCompletionRequest.model_validate({"model": MODEL, "messages": CHAT, "stream": True})
+    reply = Reply("g5", MODEL, body, (1, 2), None)
+
+    async def failing():
+        yield Piece("a", (5,), 1)
+        raise DatabaseUnavailable("OperationalError", 1000)  # the resume buffer's next read
+
+    lines = b"".join(asyncio.run(collect(stream(reply, failing())))).decode().split("\n\n")
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert chunks[-2]["choices"][0]["delta"].get("content") == "a"  # what came before the failure went out
+    assert chunks[-1] == {"error": {"message": "the database is unavailable; retry later", "type": "server_error",
+                                    "param": None, "code": "database_unavailable"}}
+    assert [line for line in lines if line][-1] == "data: [DONE]"
