@@ -69,7 +69,7 @@ def pace_fetches(consumer: AIOKafkaConsumer, min_bytes: int, max_wait_ms: int) -
     A fetch costs a Python consumer about 0.4 ms of CPU whatever it carries, so one reading a stream of small
     records nobody waits for spends most of its CPU on fetches of a few records each; a long wait with a large
     minimum makes each fetch carry hundreds. aiokafka reads both values from its fetcher for every request and
-    has no public setter for them (tests/unit/test_kafka_clients.py fails if that changes)."""
+    has no public setter for them (tests/integration/test_kafka_roundtrip.py fails if that changes)."""
     fetcher = consumer._fetcher  # noqa: SLF001
     fetcher._fetch_min_bytes = min_bytes  # noqa: SLF001
     fetcher._fetch_max_wait_ms = max_wait_ms  # noqa: SLF001

@@ -81,6 +81,10 @@ class PartitionReader:
         self.pacing = FetchPacing()
         self.wanted: Callable[[], bool] = lambda: True  # whether a local party wants any of its records
 
+    @property
+    def partitions(self) -> list[int]:
+        return sorted({tp.partition for tp in self.next_offsets})
+
     def pace(self) -> None:
         """Re-pace after the wanted generations changed (the flow is as the last fetch found it)."""
         self.pacing.set(self.consumer, self.wanted(), self.pacing.mode == "busy")
@@ -133,10 +137,6 @@ class OwnedReader(PartitionReader):
                                       partition_assignment_strategy=(RangePartitionAssignor,))
         await self.consumer.start()
         self.consumer.subscribe(list(BRIDGE_TOPICS), listener=_Listener(self))
-
-    @property
-    def partitions(self) -> list[int]:
-        return sorted({tp.partition for tp in self.next_offsets})
 
     async def revoked(self, tps: set[TopicPartition]) -> None:
         handed = {tp: self.next_offsets.pop(tp) for tp in tps if tp in self.next_offsets}
@@ -202,10 +202,6 @@ class GuestReader(PartitionReader):
     async def start(self) -> None:
         self.consumer = make_consumer(self.kafka, client_id="gateway-bridge-guest", auto_offset_reset="latest")
         await self.consumer.start()
-
-    @property
-    def partitions(self) -> list[int]:
-        return sorted({tp.partition for tp in self.next_offsets})
 
     async def follow(self, starts: dict[TopicPartition, int | None]) -> dict[TopicPartition, int]:
         """Follow these partitions from these offsets (None: the end now); returns where each starts."""

@@ -205,10 +205,10 @@ class SharedTail:
     def share(self) -> StreamShare | None:
         """The partitions this gateway reads as their owner, for the controller to mint ids into (None: it
         reads every partition, or none yet)."""
-        owned = self.owned.partitions
+        owned = self.owned.held
         if self.decode_all or not owned:
             return None
-        return StreamShare(partitions=self.interest.partitions, owned=tuple(owned))
+        return StreamShare(partitions=self.interest.partitions, owned=tuple(sorted(owned)))
 
     def as_json(self) -> dict:
         return {"ownedPartitions": self.owned.partitions, "guestPartitions": self.guest.partitions,

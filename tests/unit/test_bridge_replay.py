@@ -26,6 +26,13 @@ def watermark(gen_id: str, tenant_id: str, output_tokens: int):
     return event.model_copy(update={"usage": Usage(generated_output_tokens=output_tokens)})
 
 
+def live_bridge(clock: Clock) -> StreamBridge:
+    """A bridge past its replay (never started: events are fed by hand)."""
+    bridge = StreamBridge("unused:9092", clock=clock)
+    bridge.tail.owned.caught_up.set()
+    return bridge
+
+
 def test_an_interrupt_replayed_ahead_of_its_tokens_ends_the_stream_after_them_once_caught_up():
     clock = Clock()
     bridge = StreamBridge("unused:9092", clock=clock)  # never started: events are fed by hand
@@ -46,8 +53,7 @@ def test_an_interrupt_replayed_ahead_of_its_tokens_ends_the_stream_after_them_on
 
 
 def test_a_live_interrupt_ends_at_once_and_later_tokens_of_its_epoch_are_ignored():
-    bridge = StreamBridge("unused:9092", clock=Clock())
-    bridge.tail.owned.caught_up.set()
+    bridge = live_bridge(Clock())
     gen_id, tenant = "gen_live", "tenant-l"
     bridge.on_event("llm.generations", make_event("Admitted", tenant, gen_id))
     for event in tokens(gen_id, tenant, (1, 2)):
@@ -63,15 +69,11 @@ def test_a_live_interrupt_ends_at_once_and_later_tokens_of_its_epoch_are_ignored
 def test_a_live_interrupt_read_before_the_tokens_its_watermark_counts_waits_for_them():
     """The worker sends a watermark only once its tokens are on the log, but this bridge may read llm.tokens
     behind llm.generations: ending at the Interrupted would bill the client for tokens it never got."""
-    from schemas.values import Usage
-
     clock = Clock()
-    bridge = StreamBridge("unused:9092", clock=clock)
-    bridge.tail.owned.caught_up.set()
+    bridge = live_bridge(clock)
     gen_id, tenant = "gen_lagging", "tenant-w"
     bridge.on_event("llm.generations", make_event("Admitted", tenant, gen_id))
-    watermark = make_event("UsageReported", tenant, gen_id)
-    bridge.on_event("llm.generations", watermark.model_copy(update={"usage": Usage(generated_output_tokens=4)}))
+    bridge.on_event("llm.generations", watermark(gen_id, tenant, 4))
     bridge.on_event("llm.generations", make_event("Interrupted", tenant, gen_id))
     view = bridge.view(gen_id)
     assert view.final is None  # 0 of the 4 billed tokens read
@@ -90,8 +92,7 @@ def test_an_interrupt_read_ahead_of_tokens_by_a_view_begun_mid_stream_waits_for_
     proves nothing: tokens read just after the Interrupted (the rest of the same poll) still belong to the
     stream, and the end is written by the sweep after the grace."""
     clock = Clock()
-    bridge = StreamBridge("unused:9092", clock=clock)
-    bridge.tail.owned.caught_up.set()
+    bridge = live_bridge(clock)
     gen_id, tenant = "gen_mid_stream", "tenant-m"
     for event in tokens(gen_id, tenant, (1, 2)):
         bridge.on_event("llm.tokens", event)
@@ -111,8 +112,7 @@ def test_an_interrupt_read_ahead_of_tokens_by_a_view_begun_mid_stream_waits_for_
 def test_a_view_holding_the_end_of_a_stream_covers_a_watermark_by_the_cumulative_count():
     """Tokens 1-2 reached the client from the resume buffer; the view holds 3-4, which end at 8 tokens: a
     watermark of 8 is covered, so the interruption ends the stream at once, not after WATERMARK_WAIT_S."""
-    bridge = StreamBridge("unused:9092", clock=Clock())
-    bridge.tail.owned.caught_up.set()
+    bridge = live_bridge(Clock())
     gen_id, tenant = "gen_suffix", "tenant-s"
     bridge.on_event("llm.generations", make_event("Admitted", tenant, gen_id))
     for event in tokens(gen_id, tenant, (3, 4)):
