@@ -30,7 +30,7 @@ import httpx
 from bench import chaos_checks as checks
 from bench import chaos_faults as faults
 from bench.chaos_clients import ClientResult, SteadyLoad
-from bench.chaos_fleet import Fleet, build_fleet, fault_steps, faults_for, wait_started
+from bench.chaos_fleet import Fleet, LoadFaultTimes, build_fleet, fault_steps, faults_for, wait_started
 from bench.chaos_gateways import Availability
 from bench.chaos_roles import Role, stop_all, supervise
 from bench.chaos_violations import place
@@ -68,6 +68,7 @@ class ChaosConfig:
     instances: int = 1  # of each role
     faults: tuple[str, ...] | None = None  # None: every fault the instance count allows (chaos_fleet.py)
     role_down_s: float = 5.0  # how long a killed gateway or controller stays down (its replica serves)
+    load_faults: LoadFaultTimes = LoadFaultTimes()  # how long a hog runs and a freeze lasts
 
     def __post_init__(self) -> None:
         if self.instances < 1:
@@ -143,7 +144,7 @@ async def _run(config: ChaosConfig, settings: Settings, services: LocalServices,
     on_worker = report["reports"]["interrupted_on_worker"]
     availability["interrupted_by_worker_kill"] = sum(n for worker, n in on_worker.items() if worker in killed)
     availability["interrupted_otherwise"] = sum(n for worker, n in on_worker.items() if worker not in killed)
-    report.update({"availability_error_fraction": availability["availability_error_fraction"],
+    report.update({"interrupted_alive": availability["interrupted_otherwise"],"availability_error_fraction": availability["availability_error_fraction"],
                    "availability": availability, "instances": config.instances,
                    "faults": len(fault_log.faults), "fault_log": fault_log.faults,
                    "role_restarts": {name: role.crash_restarts for name, role in roles.items()},
@@ -200,7 +201,8 @@ async def load_under_faults(config: ChaosConfig, tenants: list[list[httpx.AsyncC
     probe, probe_stop = faults.Probe(target.bootstrap), asyncio.Event()
     fault_log = faults.FaultLog()
     steps = fault_steps(faults_for(config.instances, config.faults), fleet, target, fault_log,
-                        load.ended_generation_ids, config.broker_down_s, config.role_down_s)
+                        load.ended_generation_ids, config.broker_down_s, config.role_down_s,
+                        config.load_faults)
     running = asyncio.create_task(load.run(config.min_generations))
     probing = asyncio.create_task(probe.run(probe_stop))
     try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import chaos_faults as faults
+from bench import chaos_load_faults as load_faults
 from bench.chaos_roles import Role
 from infra.ports import free_port
 
@@ -23,6 +24,8 @@ SINGLE_FAULTS = ("worker_kill9", "broker_kill9", "postgres_restart", "projector_
 REPLICA_FAULTS = ("gateway_kill9", "controller_kill9", "worker_kill9", "projector_kill9", "broker_kill9",
                   "postgres_restart", "projections_dropped_and_rebuilt", "usage_duplicates_and_late")
 NEEDS_REPLICAS = {"gateway_kill9", "controller_kill9"}  # the only gateway or controller down is an outage
+# Faults that look like load (bench/chaos_load_faults.py): run when named in --faults, not by default.
+LOAD_FAULTS = load_faults.LOAD_FAULTS
 
 
 @dataclass
@@ -40,9 +43,9 @@ def faults_for(instances: int, chosen: tuple[str, ...] | None) -> tuple[str, ...
     known = REPLICA_FAULTS if instances > 1 else SINGLE_FAULTS
     if chosen is None:
         return known
-    unknown = [f for f in chosen if f not in REPLICA_FAULTS]
+    unknown = [f for f in chosen if f not in REPLICA_FAULTS + LOAD_FAULTS]
     if unknown:
-        raise ValueError(f"unknown faults {unknown}; known: {', '.join(REPLICA_FAULTS)}")
+        raise ValueError(f"unknown faults {unknown}; known: {', '.join(REPLICA_FAULTS + LOAD_FAULTS)}")
     if instances == 1 and NEEDS_REPLICAS & set(chosen):
         raise ValueError(f"{sorted(NEEDS_REPLICAS & set(chosen))} need --instances 2 or more")
     return chosen
@@ -81,9 +84,16 @@ async def wait_started(fleet: Fleet, timeout_s: float = 180) -> None:
     await asyncio.gather(*waits)
 
 
+@dataclass(frozen=True)
+class LoadFaultTimes:
+    hog_s: float = 20.0  # how long the CPU hog runs
+    worker_freeze_s: float = 3.0  # under a lease (5 s) minus a heartbeat interval (1 s)
+    role_freeze_s: float = 7.0  # a controller or broker frozen past the lease: leases count read time only
+
+
 def fault_steps(chosen: tuple[str, ...], fleet: Fleet, target: faults.Plane, journal: faults.FaultLog,
-                ended_generation_ids: Callable[[], set[str]], broker_down_s: float, role_down_s: float
-                ) -> list[Callable[[], Awaitable[object]]]:
+                ended_generation_ids: Callable[[], set[str]], broker_down_s: float, role_down_s: float,
+                load: LoadFaultTimes = LoadFaultTimes()) -> list[Callable[[], Awaitable[object]]]:
     """One coroutine factory per fault, in the order given."""
     first = {kind: fleet.named(kind)[0] for kind in ("gateway", "controller", "worker", "projector")}
     steps = {
@@ -95,5 +105,10 @@ def fault_steps(chosen: tuple[str, ...], fleet: Fleet, target: faults.Plane, jou
         "postgres_restart": lambda: faults.restart_postgres(target, journal),
         "projections_dropped_and_rebuilt": lambda: faults.rebuild_projections(target, journal),
         "usage_duplicates_and_late": lambda: faults.inject_usage(target, journal, ended_generation_ids()),
+        "cpu_hog": lambda: load_faults.cpu_hog(journal, load.hog_s),
+        "worker_freeze": lambda: load_faults.freeze_role(target, journal, first["worker"], load.worker_freeze_s),
+        "controller_freeze": lambda: load_faults.freeze_role(target, journal, first["controller"],
+                                                             load.role_freeze_s),
+        "broker_freeze": lambda: load_faults.freeze_broker(target, journal, load.role_freeze_s),
     }
     return [steps[fault] for fault in chosen]

@@ -12,8 +12,9 @@ import time
 from bench.chaos_bench import ChaosConfig, run_chaos_bench
 
 # The counts that must all be 0 (every one of them in each run's report).
+# `interrupted_alive`: attempts interrupted on a worker no fault killed (a hog, a freeze, a broker's loss).
 ZERO_KEYS = ("stuck", "audit_differences", "overbilled", "duplicate_seqs", "missing_seqs", "unreleased_reservations",
-             "lost_events")
+             "lost_events", "interrupted_alive")
 log = logging.getLogger("ledgerlm.chaos")
 
 

@@ -88,6 +88,10 @@ class WorkerView:
 class WorkerRegistry:
     def __init__(self) -> None:
         self.workers: dict[str, WorkerView] = {}
+        # Unix time up to which the heartbeats have all been read (Follower.read_through); None: judge as of now.
+        # Leases are judged as of this time: a controller too starved to read (or a broker frozen) is behind
+        # on heartbeats, and its lag must not read as the workers' silence.
+        self.read_through: float | None = None
 
     def observe(self, heartbeat: WorkerHeartbeat) -> None:
         view = self.workers.get(heartbeat.worker_id)
@@ -127,10 +131,12 @@ class WorkerRegistry:
         return "attempt-not-listed" if hb.occurred_at.timestamp() - since > hb.lease_ms / 1000 else None
 
     def is_live(self, worker_id: str, now: float) -> bool:
+        """The worker's latest heartbeat is alive and within its lease, as of `now` or of the time the
+        heartbeats have been read through, whichever is earlier."""
         view = self.workers.get(worker_id)
         if view is None or not view.heartbeat.alive:
             return False
-        return now - view.heartbeat.occurred_at.timestamp() <= view.heartbeat.lease_ms / 1000
+        return view.heartbeat.within_lease(now, self.read_through)
 
     def predicted_wait_s(self, view: WorkerView, demand: Demand, decode_tokens_per_s: float) -> tuple[float, bool]:
         """(seconds until this attempt's prefill could start, whether it waits for KV) from the heartbeat.
@@ -191,3 +197,4 @@ class WorkerRegistry:
         if view is not None:
             view.pending.pop(generation_id, None)
             view.lost = {key for key in view.lost if key.rsplit(":", 1)[0] != generation_id}
+

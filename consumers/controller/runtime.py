@@ -280,6 +280,7 @@ class Controller:
                     follow_task.result()  # surface the follower's failure
                 timeout_ms = max(1, int((next_check - time.monotonic()) * 1000))
                 batches = await consumer.getmany(timeout_ms=timeout_ms, max_records=500)
+                self.registry.read_through = follower.read_through()
                 if batches:
                     await self.process(batches)
                 if time.monotonic() >= next_check:

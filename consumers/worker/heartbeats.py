@@ -48,45 +48,78 @@ def heartbeat_of(worker: "Worker", alive: bool = True) -> WorkerHeartbeat:
                            incarnation=worker.incarnation, attempts=held(worker))
 
 
+# A worker whose heartbeats nobody has acknowledged for this many leases gives its attempts up even while
+# some are still on their way: by then a broker that takes none of them is lost to it, not slow.
+GIVE_UP_LEASES = 3
+
+
+class HeartbeatAcks:
+    """The heartbeats on their way to the broker and when each was sent: whether the worker may still hold
+    its lease.
+
+    The controller counts a lease from a heartbeat's sending, as of the time it has read the heartbeats
+    through (`WorkerHeartbeat.within_lease`). A heartbeat the broker has not acknowledged yet may still be
+    written: while one sent within the fence horizon is on its way (a frozen or busy broker, a producer queue
+    behind token batches, this process starved of CPU), the controller cannot have read past it either, so
+    the worker keeps its work. It fences when every heartbeat of the horizon failed, or when nothing has been
+    acknowledged for GIVE_UP_LEASES leases."""
+
+    def __init__(self, worker: "Worker") -> None:
+        self.worker = worker
+        self.in_flight: dict[asyncio.Future, float] = {}
+        interval = worker.settings.heartbeat_interval_ms / 1000
+        # One check early: the controller counts the lease from the heartbeat, not from our acknowledgement
+        # of it, and the loop only looks every `interval`.
+        self.fence_after = max(worker.settings.lease_ms / 1000 - interval, interval)
+        self.give_up_after = GIVE_UP_LEASES * worker.settings.lease_ms / 1000
+
+    def sent(self, delivery: asyncio.Future, sent_at: float) -> None:
+        self.in_flight[delivery] = sent_at
+        delivery.add_done_callback(functools.partial(self.settled, sent_at))
+
+    def settled(self, sent_at: float, delivery: asyncio.Future) -> None:
+        """A heartbeat the broker took renews the lease from when it was sent, however late the
+        acknowledgement (its wait is never cut short); a failed one only leaves the in-flight set."""
+        self.in_flight.pop(delivery, None)
+        if delivery.cancelled() or delivery.exception() is not None:
+            error = "CancelledError" if delivery.cancelled() else type(delivery.exception()).__name__
+            log.warning("heartbeat failed worker=%s error=%s", self.worker.worker_id, error)
+            return
+        self.worker.last_heartbeat_ok = max(self.worker.last_heartbeat_ok, sent_at)
+
+    def must_fence(self, now: float) -> bool:
+        acked = self.worker.last_heartbeat_ok
+        if now - acked > self.give_up_after:
+            return True
+        newest = max(self.in_flight.values(), default=acked)
+        return now - max(acked, newest) > self.fence_after
+
+
 async def heartbeat_loop(worker: "Worker") -> None:
-    """Until a drain has ended every attempt: heartbeat, and self-fence after a lease without an acknowledged one.
+    """Until a drain has ended every attempt: heartbeat, and self-fence once the controller may have given
+    the lease up (`HeartbeatAcks`).
 
     A worker with about 1,000 attempts on it fenced itself in `bench intake` (10,000 requests): its heartbeat
-    sends timed out (`heartbeat failed ... TimeoutError`, the wait was cut at two intervals) although the
-    broker was there, and the upkeep of waiting attempts ran in this loop too. So nothing else runs here (the
-    upkeep is `upkeep_loop`), and an acknowledgement is awaited by a callback, never cut short: a heartbeat
-    the broker takes late still renews the lease from when it was sent, as the controller counts it.
+    sends timed out although the broker was there, and the upkeep of waiting attempts ran in this loop too.
+    So nothing else runs here (the upkeep is `upkeep_loop`), and an acknowledgement is awaited by a callback,
+    never cut short. A fleet of test workers fenced itself on a loaded machine (`ConnectionError`s while the
+    broker was starved): a heartbeat still on its way now holds the lease as the controller would.
     """
     interval = worker.settings.heartbeat_interval_ms / 1000
-    # Fence one check early: the controller counts the lease from the heartbeat, not from our
-    # acknowledgement of it, and this loop only looks every `interval`. Fencing late would let
-    # a watermark follow the controller's Interrupted.
-    fence_after = max(worker.settings.lease_ms / 1000 - interval, interval)
+    acks = HeartbeatAcks(worker)
     while True:
         if not worker._thread.alive:  # noqa: SLF001
             raise EngineStopped(f"the engine thread of {worker.worker_id} died")
         sent_at = time.monotonic()
         try:
-            delivery = await asyncio.wait_for(worker.send_heartbeat(), timeout=interval)
-            delivery.add_done_callback(functools.partial(acknowledged, worker, sent_at))
+            acks.sent(await asyncio.wait_for(worker.send_heartbeat(), timeout=interval), sent_at)
         except Exception as exc:  # the broker may be away; the lease decides what that means
             log.warning("heartbeat failed worker=%s error=%s", worker.worker_id, type(exc).__name__)
-        if time.monotonic() - worker.last_heartbeat_ok > fence_after:
+        if acks.must_fence(time.monotonic()):
             worker.fence_all()
         if worker.draining and not worker.attempts and not worker.has_ends_in_flight and not worker.waiting:
             return
         await asyncio.sleep(interval)
-
-
-def acknowledged(worker: "Worker", sent_at: float, delivery: asyncio.Future) -> None:
-    """A heartbeat the broker took: the lease runs from when it was sent, however late the acknowledgement.
-    Its wait is not cut short: a slow acknowledgement (a busy broker, token batches ahead of it in the
-    producer) still renews the lease the controller counts from that heartbeat."""
-    if delivery.cancelled() or delivery.exception() is not None:
-        error = "CancelledError" if delivery.cancelled() else type(delivery.exception()).__name__
-        log.warning("heartbeat failed worker=%s error=%s", worker.worker_id, error)
-        return
-    worker.last_heartbeat_ok = max(worker.last_heartbeat_ok, sent_at)
 
 
 async def upkeep_loop(worker: "Worker") -> None:

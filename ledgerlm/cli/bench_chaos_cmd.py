@@ -28,7 +28,13 @@ def register_chaos(bench: argparse._SubParsersAction) -> None:
     chaos.add_argument("--role-down-s", type=float, default=5.0,
                        help="how long a killed gateway or controller stays down (its replica serves)")
     chaos.add_argument("--faults", type=lambda text: tuple(text.split(",")),
-                       help="comma-separated faults to run, in order (default: every fault the instances allow)")
+                       help="comma-separated faults to run, in order (default: every fault the instances allow; the "
+                            "load faults cpu_hog, worker_freeze, controller_freeze, broker_freeze only when named)")
+    chaos.add_argument("--hog-s", type=float, default=20.0, help="cpu_hog: how long 2 busy processes per core run")
+    chaos.add_argument("--worker-freeze-s", type=float, default=3.0,
+                       help="worker_freeze: how long a worker stays SIGSTOPped (keep it under lease - heartbeat)")
+    chaos.add_argument("--role-freeze-s", type=float, default=7.0,
+                       help="controller_freeze, broker_freeze: how long the process stays SIGSTOPped")
     chaos.add_argument("--repeat", type=positive, default=1,
                        help="run the whole scenario this many times, each on a fresh stack; exit 1 if any run has a "
                             "non-zero count")
@@ -44,6 +50,7 @@ def positive(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from bench.chaos_bench import ChaosConfig
+    from bench.chaos_fleet import LoadFaultTimes
     from bench.chaos_repeat import failed, run_repeated
     from engine.demo_model import build_demo_model
 
@@ -61,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         config = ChaosConfig(home=settings.home / "chaos-stack", model_dir=model_dir, rate=args.rate,
                              min_generations=args.generations, output_tokens=args.output_tokens, gap_s=args.gap_s,
                              broker_down_s=args.broker_down_s, instances=args.instances, faults=args.faults,
-                             role_down_s=args.role_down_s)
+                             role_down_s=args.role_down_s,
+                             load_faults=LoadFaultTimes(args.hog_s, args.worker_freeze_s, args.role_freeze_s))
     except ValueError as exc:
         raise CliError(str(exc)) from None
     result = asyncio.run(run_repeated(config, args.repeat))

@@ -3,6 +3,10 @@
 Registries (workers, models, tenants) are compacted topics small enough to
 hold in full: a follower reads them from the beginning, reports when it has
 reached the end offsets seen at start (`caught_up`), and keeps following.
+`read_through` says up to which wall-clock time it has read everything: a
+reader that judges liveness from heartbeats must judge it as of that time, not
+as of now, or its own lag (a starved process, a frozen broker) reads as the
+silence of the workers it follows.
 The stream bridge follows `llm.tokens` / `llm.generations` from positions it
 chooses per partition (where the projections stand), also reporting `caught_up`.
 """
@@ -46,6 +50,7 @@ class Follower:
         self.consumer: AIOKafkaConsumer | None = None  # made in start(): aiokafka needs the running loop
         self.caught_up = asyncio.Event()
         self._ends: dict[TopicPartition, int] = {}
+        self._fresh_at: dict[TopicPartition, float] = {}  # wall time of the last fetch that found it read through
 
     async def start(self) -> None:
         self.consumer = make_consumer(self.kafka, client_id=self.client_id, auto_offset_reset="latest")
@@ -89,6 +94,22 @@ class Follower:
         if batches and self.after_batch is not None:
             self.after_batch()
         await self._check_caught_up()
+        await self._note_fresh()
+
+    async def _note_fresh(self) -> None:
+        for tp in self.consumer.assignment():
+            highwater, polled_ms = self.consumer.highwater(tp), self.consumer.last_poll_timestamp(tp)
+            if highwater is not None and polled_ms is not None and await self.consumer.position(tp) >= highwater:
+                self._fresh_at[tp] = polled_ms / 1000
+
+    def read_through(self) -> float | None:
+        """Unix time up to which every record of every followed partition has been read (the oldest of the
+        partitions' last fetches that found nothing left to read), or None before each has been read through
+        once. A record written before it has been handled; one written after may not have been."""
+        assigned = self.consumer.assignment() if self.consumer is not None else set()
+        if not assigned or any(tp not in self._fresh_at for tp in assigned):
+            return None
+        return min(self._fresh_at[tp] for tp in assigned)
 
     async def catch_up(self) -> None:
         """Read up to the end offsets seen at start (a bounded read, for one-shot tools)."""

@@ -36,6 +36,7 @@ async def refuse_without_workers(gateway: "Gateway", principal: Principal, body:
     if not gateway.workers_follower.caught_up.is_set():
         return
     total = len(prompt.token_ids) + prompt.max_output_tokens * prompt.sampling.n
+    gateway.board.read_through = gateway.workers_follower.read_through()
     if gateway.board.could_serve(gateway.catalog.versions_of(body.model), total, time.time()):
         return
     if gateway.bridge.knows_request(principal.tenant_id, body.request_id) or \

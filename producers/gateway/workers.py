@@ -22,6 +22,7 @@ class WorkerBoard:
     def __init__(self, plane: str) -> None:
         self.plane = plane
         self.latest: dict[str, WorkerHeartbeat] = {}
+        self.read_through: float | None = None  # the workers follower's Follower.read_through, set by its owner
 
     def observe(self, heartbeat: WorkerHeartbeat) -> None:
         known = self.latest.get(heartbeat.worker_id)
@@ -30,7 +31,7 @@ class WorkerBoard:
 
     def is_live(self, heartbeat: WorkerHeartbeat, now: float) -> bool:
         return (heartbeat.alive and not heartbeat.draining and heartbeat.plane in (None, self.plane)
-                and now - heartbeat.occurred_at.timestamp() <= heartbeat.lease_ms / 1000)
+                and heartbeat.within_lease(now, self.read_through))
 
     def could_serve(self, versions: Iterable[str], total_tokens: int, now: float) -> bool:
         """Some live worker serves one of `versions` with a pool of at least `total_tokens`."""

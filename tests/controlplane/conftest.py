@@ -34,8 +34,10 @@ BLOCK = 16
 
 ENV = {
     "LEDGERLM_CONTROLLER_GROUP": f"test-controller-{SESSION}",
-    "LEDGERLM_LEASE_MS": "2000",
-    "LEDGERLM_HEARTBEAT_INTERVAL_MS": "250",
+    # Short enough that the tests of a lost worker end quickly, long enough for a loaded 2-core machine: the
+    # test process runs the gateway and several workers' engines on one interpreter.
+    "LEDGERLM_LEASE_MS": "3000",
+    "LEDGERLM_HEARTBEAT_INTERVAL_MS": "300",
     "LEDGERLM_LEASE_CHECK_INTERVAL_MS": "100",
     "LEDGERLM_USAGE_REPORT_TOKENS": "4",
     "LEDGERLM_USAGE_REPORT_MS": "200",
@@ -266,9 +268,12 @@ async def start_worker(bootstrap, cp_kafka, cp_settings, versions, engine_artifa
 
 
 @pytest.fixture(scope="session")
-async def worker(start_worker, controller):
+async def worker(start_worker, controller, cp_settings):
     worker = await start_worker("served")
-    await asyncio.sleep(0.6)  # a heartbeat or two reaches the controller's registry
+    started = time.monotonic()
+    # Two heartbeats in the log after its start: the controller's registry and the gateway's board have it.
+    await wait_until(lambda: worker.last_heartbeat_ok > started + cp_settings.heartbeat_interval_ms / 1000, 30,
+                     what="the worker's heartbeats acknowledged")
     return worker
 
 

@@ -19,7 +19,8 @@ async def test_worker_kill9_interrupts_within_lease_releases_and_ignores_late_to
                    tmp_path / "worker.log").start()
     try:
         await proc.wait_for_log("worker ready", 90)
-        await asyncio.sleep(0.6)  # heartbeats reach the controller
+        board = gateway.gateway.board  # reads llm.workers as the controller does
+        await wait_until(lambda: worker_id in board.latest, 30, what="the worker's heartbeats read")
         headers = tenants["kill"].headers  # max_concurrency = 1
         created = await gateway.post("/v1/generations", headers=headers,
                                      json=body(model=versions["killable"], maxOutputTokens=480))

@@ -40,7 +40,9 @@ async def test_two_workers_share_load_and_a_draining_one_gets_no_new_work(
 
     await publish(producer, "llm.dispatch", DrainWorker(worker_id=first.worker_id))
     await wait_until(lambda: first.draining, 5, what="drain order")
-    await asyncio.sleep(0.5)  # the draining heartbeat reaches the controller
+    board = gateway.gateway.board  # reads llm.workers as the controller does
+    await wait_until(lambda: (hb := board.latest.get(first.worker_id)) and hb.draining, 10,
+                     what="the draining heartbeat read")
     assert await run(3, 4) == [second.worker_id] * 3
     await asyncio.wait_for(first.stopped.wait(), 20)  # finished its attempts, then left
     assert not first.attempts
