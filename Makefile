@@ -4,7 +4,7 @@ PYTHON  ?= python3
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
 
-.PHONY: run test venv system-deps services down status clean
+.PHONY: run test test-stress venv system-deps services down status clean
 
 run: services
 	$(BIN)/ledgerlm up
@@ -13,6 +13,10 @@ run: services
 # under .ledgerlm/test-stack, own ports) so they never touch a running `make run` stack.
 test: system-deps venv
 	$(BIN)/python -m pytest -q
+
+# The suite with 2 CPU-bound processes beside it (not in CI): a test that flakes under load shows here.
+test-stress: system-deps venv
+	bash scripts/stress-test.sh 2 1
 
 venv: $(STAMP)
 

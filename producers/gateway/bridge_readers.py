@@ -23,6 +23,10 @@ Each reader also paces its fetches (`FetchPacing`). A fetch costs aiokafka about
 consumer answered at the first record fetches a thousand times a second however
 few partitions it reads: sharing the partitions would then save the decoding but
 not the fetching. So while records flow, the broker holds each fetch up to 2 ms.
+"Flow" is a fetch that carried BUSY_RECORDS or more: a real-model stream yields a
+token every ~100 ms, and pacing it as a flow had the fetcher ask the broker every
+2 ms between two tokens (~50 empty fetches per token, in the gateway and in the
+broker). A fetch of a few records is answered at the first record (a long poll).
 """
 from __future__ import annotations
 
@@ -49,12 +53,20 @@ def topic_partitions(partition: int) -> list[TopicPartition]:
     return [TopicPartition(topic, partition) for topic in BRIDGE_TOPICS]
 
 
+# A fetch that brings this many records (or more) means records flow faster than fetches can be answered one
+# by one: the reader then lets the broker gather 2 ms of them per fetch.
+BUSY_RECORDS = 4
+# How long a flowing reader waits for its next batch before it goes back to long polls: the fetcher asks the
+# broker every 2 ms meanwhile, so a flow that stops costs at most a few empty fetches.
+BUSY_POLL_MS = 10
+
+
 class FetchPacing:
     """How long the broker may hold one consumer's fetches (min bytes, max wait), by what it reads:
 
         idle  no local party wants its records   1 MiB or 50 ms: batches of hundreds; nobody waits for them
-        live  wanted, the last fetch was empty   answered at the first record (a long poll): no added latency
-        busy  wanted, records flowing            64 KiB or 2 ms: a fetch carries what 2 ms bring, not one record
+        live  wanted, fetches of a few records   answered at the first record (a long poll): no added latency
+        busy  wanted, fetches of BUSY_RECORDS+   64 KiB or 2 ms: a fetch carries what 2 ms bring, not one record
     """
 
     MODES = {"idle": (1 << 20, 50), "live": (1, LONG_POLL_MS), "busy": (64 << 10, 2)}
@@ -91,9 +103,9 @@ class PartitionReader:
 
     async def poll_once(self, timeout_ms: int) -> None:
         if self.pacing.mode == "busy":
-            timeout_ms = min(timeout_ms, 100)  # a flow that stops goes back to long polls within 0.1 s
+            timeout_ms = min(timeout_ms, BUSY_POLL_MS)  # a flow that stops goes back to long polls at once
         batches = await self.consumer.getmany(timeout_ms=timeout_ms)
-        handled = False
+        handled = 0
         for tp, records in batches.items():
             expected = self.next_offsets.get(tp)
             if expected is None:
@@ -103,10 +115,10 @@ class PartitionReader:
             if records:
                 self.sink(records, self.owned)
                 self.next_offsets[tp] = records[-1].offset + 1
-                handled = True
+                handled += len(records)
         if handled:
             self.after_batch()
-        self.pacing.set(self.consumer, self.wanted(), handled)
+        self.pacing.set(self.consumer, self.wanted(), handled >= BUSY_RECORDS)
 
     async def stop(self) -> None:
         if self.consumer is not None:

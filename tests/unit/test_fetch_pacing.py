@@ -1,0 +1,70 @@
+"""A bridge reader paces its fetches by how many records each brings: a real-model stream (a token every
+~100 ms) is read with long polls, one fetch per event; only a flow of several records per fetch is batched."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from aiokafka import ConsumerRecord, TopicPartition
+
+from producers.gateway.bridge_readers import BUSY_POLL_MS, BUSY_RECORDS, FetchPacing, PartitionReader
+
+TP = TopicPartition("llm.tokens", 0)
+
+
+def make_record(offset: int) -> ConsumerRecord:
+    return ConsumerRecord("llm.tokens", 0, offset, 0, 0, None, b"{}", None, 2, 0, [])
+
+
+class FakeConsumer:
+    """getmany answers the batches given, one per call, and records the timeouts it was asked for."""
+
+    def __init__(self, batches: list[int]) -> None:
+        self.sizes, self.offset, self.timeouts = list(batches), 0, []
+        self._fetcher = SimpleNamespace(_fetch_min_bytes=1, _fetch_max_wait_ms=500)
+
+    async def getmany(self, timeout_ms: int):
+        self.timeouts.append(timeout_ms)
+        size = self.sizes.pop(0)
+        records = [make_record(self.offset + i) for i in range(size)]
+        self.offset += size
+        return {TP: records} if records else {}
+
+
+def make_reader(batches: list[int]) -> tuple[PartitionReader, list[int]]:
+    delivered: list[int] = []
+    reader = PartitionReader(lambda records, _owned: delivered.extend(r.offset for r in records), lambda: None,
+                             lambda *_: None)
+    reader.consumer = FakeConsumer(batches)
+    reader.next_offsets[TP] = 0
+    return reader, delivered
+
+
+async def test_one_record_per_fetch_stays_on_long_polls():
+    reader, delivered = make_reader([1, 1, 0, 1])
+    for _ in range(4):
+        await reader.poll_once(timeout_ms=1000)
+        assert reader.pacing.mode == "live"
+        assert reader.consumer._fetcher._fetch_max_wait_ms == 500 and reader.consumer._fetcher._fetch_min_bytes == 1
+    assert delivered == [0, 1, 2] and reader.consumer.timeouts == [1000] * 4
+
+
+async def test_a_flow_is_batched_and_goes_back_to_long_polls_at_its_first_thin_fetch():
+    reader, delivered = make_reader([BUSY_RECORDS, BUSY_RECORDS + 3, 1, 0])
+    await reader.poll_once(timeout_ms=1000)
+    assert reader.pacing.mode == "busy"
+    assert (reader.consumer._fetcher._fetch_min_bytes, reader.consumer._fetcher._fetch_max_wait_ms) == \
+        FetchPacing.MODES["busy"]
+    await reader.poll_once(timeout_ms=1000)
+    assert reader.pacing.mode == "busy"
+    await reader.poll_once(timeout_ms=1000)
+    assert reader.pacing.mode == "live" and reader.consumer._fetcher._fetch_max_wait_ms == 500
+    await reader.poll_once(timeout_ms=1000)
+    assert reader.consumer.timeouts == [1000, BUSY_POLL_MS, BUSY_POLL_MS, 1000]
+    assert delivered == list(range(2 * BUSY_RECORDS + 4))
+
+
+async def test_records_nobody_wants_are_fetched_in_large_batches():
+    reader, _ = make_reader([1])
+    reader.wanted = lambda: False
+    await reader.poll_once(timeout_ms=1000)
+    assert reader.pacing.mode == "idle" and reader.consumer._fetcher._fetch_max_wait_ms == FetchPacing.MODES["idle"][1]
