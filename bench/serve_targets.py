@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -72,6 +72,7 @@ class Platform:
     heartbeats: HeartbeatSampler
     worker_id: str
     plane: str
+    pids: dict[str, int] = field(default_factory=dict)  # role -> process id
 
 
 # What the serving bench sets beyond the endpoints; `ledgerlm_platform(settings=...)` replaces it (the capacity
@@ -128,7 +129,9 @@ async def ledgerlm_platform(model_dir: Path, tenants: list[TenantSpec], workdir:
         await sampler.follower.start()
         following = asyncio.create_task(sampler.follower.run())
         try:
-            yield Platform(Target("ledgerlm", f"http://127.0.0.1:{port}", version, keys), sampler, worker_id, plane)
+            yield Platform(Target("ledgerlm", f"http://127.0.0.1:{port}", version, keys), sampler, worker_id, plane,
+                           {role: proc.pid for role, proc in zip(("controller", "worker", "gateway", "projector"),
+                                                                 procs)})
         finally:
             following.cancel()
             await asyncio.gather(following, return_exceptions=True)

@@ -47,6 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_capacity(bench)
     from ledgerlm.cli.bench_overhead_cmd import register_overhead  # CPU per role per request (issue 13)
     register_overhead(bench)
+    from ledgerlm.cli.bench_efficiency_cmd import register_efficiency  # the platform vs its engine (issue 25)
+    register_efficiency(bench)
     from ledgerlm.cli.bench_audit_cmd import register_audit  # audit replay speed (issue 18)
     register_audit(bench)
     from ledgerlm.cli.bench_intake_cmd import register_intake  # Kafka-native client API (issue 17)
