@@ -1,0 +1,71 @@
+"""The efficiency bench's arithmetic, and the chaos run's load-like faults on real processes."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.chaos_faults import FaultLog
+from bench.chaos_fleet import LOAD_FAULTS, faults_for
+from bench.chaos_load_faults import cpu_hog, freeze_pid
+from bench.efficiency_bench import check, compare, outside_engine, role_costs
+
+
+def test_role_costs_subtract_the_idle_burn_and_divide_by_output_tokens():
+    costs = role_costs({"gateway": 3.0, "kafka": None}, {"gateway": 0.05}, wall_s=20.0, tokens=1000)
+    assert costs["gateway"] == {"cpu_s": 3.0, "cores": 0.15, "ms_per_output_token": 2.0}  # (3 - 1) s / 1000
+    assert costs["kafka"] == {"cpu_s": None, "cores": None, "ms_per_output_token": None}
+
+
+def test_outside_engine_sums_every_role_beside_the_engine_thread_or_says_it_cannot():
+    costs = {role: {"ms_per_output_token": 0.5} for role in
+             ("gateway", "controller", "projector", "worker_other", "kafka", "postgres")}
+    assert outside_engine(costs) == 3.0
+    costs["postgres"] = {"ms_per_output_token": None}
+    assert outside_engine(costs) is None
+
+
+def level(concurrency: int, tok_s: float, itl_p95: float, outside: float | None = None) -> dict:
+    return {"concurrency": concurrency, "output_tok_s": tok_s, "itl_ms": {"p50": 1, "p95": itl_p95},
+            "ttft_ms": {"p50": 1, "p95": 2}, "refused_429": 0, "refused_503": 0, "other": 0,
+            "outside_engine_ms_per_output_token": outside}
+
+
+def test_compare_and_check_judge_each_level_against_the_engine_alone():
+    rows = compare([level(1, 9.0, 115.0, 1.5), level(8, 20.0, 300.0, 1.2)], [level(1, 10.0, 100.0), level(8, 28.0, 200.0)])
+    assert [(r["tok_s_ratio"], r["itl_p95_ratio"]) for r in rows] == [(0.9, 1.15), (0.714, 1.5)]
+    met = check(rows, {"cores": 0.04}, {"cores": 0.06})
+    assert met["tok_s_ratio_at_1"] is True and met["tok_s_ratio_at_8"] is False and met["tok_s_ratio_at_4"] is None
+    assert met["itl_p95_ratio_at_1"] is True and met["itl_p95_ratio_at_8"] is False
+    assert met["outside_engine_ms_per_token_at_1"] is True and met["outside_engine_ms_per_token_at_8"] is False
+    assert (met["idle_cores_before"], met["idle_cores_after"]) == (True, False)
+
+
+def test_load_faults_run_only_when_named():
+    assert not set(LOAD_FAULTS) & set(faults_for(1, None)) and not set(LOAD_FAULTS) & set(faults_for(2, None))
+    assert faults_for(1, ("cpu_hog", "worker_freeze")) == ("cpu_hog", "worker_freeze")
+
+
+def state_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+async def test_a_frozen_process_is_stopped_for_the_freeze_and_running_after_it():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        freezing = asyncio.create_task(freeze_pid(proc.pid, 0.5))
+        await asyncio.sleep(0.1)  # inside the freeze: the state is read while it lasts
+        assert state_of(proc.pid) == "T"
+        await freezing
+        assert state_of(proc.pid) in ("S", "R")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_the_cpu_hog_runs_its_processes_and_logs_the_fault():
+    journal = FaultLog()
+    await cpu_hog(journal, seconds=0.3, per_core=1)
+    [fault] = journal.faults
+    assert fault["fault"] == "cpu_hog" and fault["processes"] >= 1 and fault["seconds"] == 0.3
