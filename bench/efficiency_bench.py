@@ -121,14 +121,18 @@ async def platform_levels(model_dir: Path, prompts: Prompts, config: EfficiencyC
                                            config.duration_s, config.drain_s)
             wall_s = time.monotonic() - began
             cpu = with_worker_split(cpu_seconds(before, sampler.sample()))
-            tokens = sum(r.output_tokens for r in records)
-            costs = role_costs(cpu, idle_before["cores_by_role"], wall_s, tokens)
             levels.append({"concurrency": concurrency, "load_avg_at_start": load, "load_avg_at_end": load_average(),
-                           "wall_s": round(wall_s, 2), "output_tokens": tokens,
-                           **client_summary(records, config.duration_s), "roles": costs,
-                           "outside_engine_ms_per_output_token": outside_engine(costs)})
+                           "wall_s": round(wall_s, 2), "output_tokens": sum(r.output_tokens for r in records),
+                           **client_summary(records, config.duration_s), "cpu_s": cpu})
         idle_after = await idle_phase(sampler, config.idle_s)
-    return {"idle_before": idle_before, "idle_after": idle_after, "levels": levels}
+    # The lower idle burn of the two is what is subtracted: the broker's JIT can still be warming up before the
+    # load, and an inflated idle would hide what the load cost.
+    idle = {role: min((v for v in (idle_before["cores_by_role"].get(role), idle_after["cores_by_role"].get(role))
+                       if v is not None), default=None) for role in idle_after["cores_by_role"]}
+    for level in levels:
+        level["roles"] = role_costs(level.pop("cpu_s"), idle, level["wall_s"], level["output_tokens"])
+        level["outside_engine_ms_per_output_token"] = outside_engine(level["roles"])
+    return {"idle_before": idle_before, "idle_after": idle_after, "idle_subtracted_cores": idle, "levels": levels}
 
 
 def compare(platform: list[dict], engine: list[dict]) -> list[dict]:

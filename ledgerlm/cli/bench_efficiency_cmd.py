@@ -22,6 +22,9 @@ def register_efficiency(bench: argparse._SubParsersAction) -> None:
     efficiency.add_argument("--model-dir", type=Path,
                             help=f"model directory (default: {MODEL}, pulled once; a demo model hides per-second "
                                  "costs)")
+    efficiency.add_argument("--markdown", type=Path, help="also write a dated Markdown page of the report here")
+    efficiency.add_argument("--from-json", type=Path,
+                            help="with --markdown: render the page of an earlier report instead of running")
     efficiency.set_defaults(handler=run)
 
 
@@ -49,7 +52,14 @@ def config_of(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see `bench engine`
     from bench.efficiency_bench import run_efficiency_bench
+    from bench.efficiency_page import efficiency_page
 
+    if args.from_json is not None:
+        if args.markdown is None:
+            raise CliError("--from-json renders a page: give --markdown PATH too")
+        args.markdown.write_text(efficiency_page(json.loads(args.from_json.read_text())))
+        print(f"wrote {args.markdown}")
+        return 0
     config = config_of(args)
     settings = Settings()
     model_dir = args.model_dir or pulled_model(settings)
@@ -62,4 +72,8 @@ def run(args: argparse.Namespace) -> int:
                       "idle_cores_before": report["idle_cores_before"], "idle_cores_after": report["idle_cores_after"],
                       "targets_met": report["targets_met"]}))
     print(f"wrote {args.json}")
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(efficiency_page(report))
+        print(f"wrote {args.markdown}")
     return 0

@@ -69,3 +69,22 @@ async def test_the_cpu_hog_runs_its_processes_and_logs_the_fault():
     await cpu_hog(journal, seconds=0.3, per_core=1)
     [fault] = journal.faults
     assert fault["fault"] == "cpu_hog" and fault["processes"] >= 1 and fault["seconds"] == 0.3
+
+
+def test_the_page_shows_one_row_per_level_with_its_ratio_and_the_idle_burn():
+    from datetime import date
+
+    from bench.efficiency_page import efficiency_page
+
+    rows = compare([level(1, 9.0, 115.0, 1.5)], [level(1, 10.0, 100.0)])
+    roles = {r: {"cores": 0.1, "ms_per_output_token": 0.2} for r in
+             ("gateway", "controller", "projector", "worker_engine", "worker_other", "kafka", "postgres")}
+    idle = {"cores": 0.04, "cores_by_role": {"kafka": 0.02}}
+    report = {"comparison": rows, "machine": {"cpus": 2, "load_average_at_start": [0.1], "load_average_at_end": [1.0]},
+              "model_dir": "/x/smollm2-135m-instruct@1", "wall_s": 100.0, "targets_met": check(rows, idle, idle),
+              "platform": {"levels": [{"concurrency": 1, "roles": roles}], "idle_before": idle, "idle_after": idle},
+              "not_measured": ["Kafka fetch requests"]}
+    page = efficiency_page(report, date(2026, 12, 1))
+    assert page.startswith("# bench efficiency, 2026-12-01")
+    assert "| 1 | 9.0 | 10.0 | 0.9 | 1/115.0 | 1/100.0 | 1.15 |" in page
+    assert "0.04 cores before the load, 0.04 after" in page and "kafka 0.02" in page
