@@ -253,6 +253,7 @@ async def measure(config: ChaosConfig, settings: Settings, bootstrap: str, datab
         "reports": {"usage_reports_on_log": sum(1 for e in run_events if e.type == "UsageReported"),
                     "terminal_events_on_log": sum(1 for e in run_events if e.type in checks.TERMINAL_TYPES),
                     "interrupted_on_worker": dict(Counter(e.worker_id for e in run_events if e.type == "Interrupted")),
+                    "interrupted_reasons": dict(Counter(e.reason for e in run_events if e.type == "Interrupted")),
                     "audit_replayed": audit.replayed, "audit_tables_differing": sorted(audit.as_dict()["tables"])},
         "probe": {"acked": len(probe.acked), "not_acked": probe.failed},
     }

@@ -45,6 +45,10 @@ class WorkerHeartbeat(Envelope):
     # the controller can interrupt one the worker no longer has. None: not listed (a worker from before the
     # list, or one holding more than MAX_LISTED_ATTEMPTS): the controller then judges by the lease only.
     attempts: tuple[str, ...] | None = None
+    # Up to when the worker had read its dispatch orders through as it sent this (None: not known). An order
+    # written after it may be on its way: `attempts` cannot be expected to list it (a frozen broker or a
+    # starved worker delays orders, not only heartbeats).
+    dispatch_read_through: datetime | None = None
 
     def within_lease(self, now: float, read_through: float | None = None) -> bool:
         """Sent less than a lease before `now` (unix seconds), or before `read_through` when that is earlier:

@@ -114,8 +114,8 @@ class WorkerRegistry:
         """Why the worker no longer holds this attempt, from its heartbeats (None: it holds it, or cannot tell).
 
         `worker-restarted`: an earlier incarnation of the worker listed it. `attempt-not-listed`: the latest
-        heartbeat, sent more than a lease after the attempt's dispatch (unix seconds) and after its last
-        listing, does not list it."""
+        heartbeat, sent (and its orders read through) more than a lease after the attempt's dispatch (unix
+        seconds) and after its last listing, does not list it."""
         view = self.workers.get(worker_id)
         if view is None:
             return None
@@ -128,7 +128,10 @@ class WorkerRegistry:
         since = max(view.listed.get(key, float("-inf")), dispatched_at if dispatched_at is not None else float("-inf"))
         if since == float("-inf"):
             return None  # dispatched before the controller recorded dispatch times, never listed: the lease decides
-        return "attempt-not-listed" if hb.occurred_at.timestamp() - since > hb.lease_ms / 1000 else None
+        # Judged as of when the worker had read its orders through: an order still on its way (a frozen broker,
+        # a starved worker) is not yet one the worker lost.
+        judged = hb.occurred_at if hb.dispatch_read_through is None else min(hb.occurred_at, hb.dispatch_read_through)
+        return "attempt-not-listed" if judged.timestamp() - since > hb.lease_ms / 1000 else None
 
     def is_live(self, worker_id: str, now: float) -> bool:
         """The worker's latest heartbeat is alive and within its lease, as of `now` or of the time the

@@ -7,6 +7,7 @@ import asyncio
 import functools
 import logging
 import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from consumers.worker.engine_thread import EngineStopped
@@ -45,7 +46,13 @@ def heartbeat_of(worker: "Worker", alive: bool = True) -> WorkerHeartbeat:
                            prefill_step_ms=thread.prefill_step_s * 1000
                            if thread is not None and thread.prefill_step_s else None,
                            max_batched_tokens=worker.engine.config.max_num_batched_tokens,
-                           incarnation=worker.incarnation, attempts=held(worker))
+                           incarnation=worker.incarnation, attempts=held(worker),
+                           dispatch_read_through=read_through_at(worker))
+
+
+def read_through_at(worker: "Worker") -> datetime | None:
+    at = worker.dispatch_read.read_through(worker.consumer)
+    return None if at is None else datetime.fromtimestamp(at, UTC)
 
 
 # A worker whose heartbeats nobody has acknowledged for this many leases gives its attempts up even while

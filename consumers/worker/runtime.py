@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 
 from plumbing.kafka.clients import Kafka, make_consumer, make_producer
 from plumbing.kafka.clients import partitions_of
-from plumbing.kafka.follower import partition_for
+from plumbing.kafka.follower import ReadThrough, partition_for
 from consumers.worker.attempts import (
     FINISHES, Attempt, attempt_id_of, blocks_for, choice_of, engine_requests, monotonic_of, refusal, terminal_event,
 )
@@ -78,6 +78,7 @@ class Worker:
         self.outputs: asyncio.Queue[list[RequestOutput]] = asyncio.Queue()
         self.producer = make_producer(kafka, client_id=self.worker_id)
         self.consumer = make_consumer(kafka, client_id=self.worker_id, auto_offset_reset="latest")
+        self.dispatch_read = ReadThrough()  # how far this worker's orders are read (heartbeats carry it)
         self.draining = False
         self.stale_commands = 0
         self.self_fenced: dict[str, int] = {}  # generation id -> epoch, until the controller cancels it
@@ -419,7 +420,8 @@ class Worker:
 
     async def _read_dispatch(self) -> None:
         while True:
-            for records in (await self.consumer.getmany(timeout_ms=500)).values():
+            batches = await self.consumer.getmany(timeout_ms=500)
+            for records in batches.values():
                 for record in records:
                     try:
                         event = decode(DISPATCH, record.value)
@@ -431,6 +433,8 @@ class Worker:
                     except Exception as exc:  # one order's failure (a send the broker refused) stops no other
                         log.error("dispatch failed type=%s offset=%d error=%s", event.type, record.offset,
                                   type(exc).__name__)
+            # After the orders are applied: a heartbeat saying "read through T" lists every order written before T.
+            await self.dispatch_read.note(self.consumer)
 
     def abort_overdue(self, now: float) -> None:
         """Attempts past the controller's maximum run time (and a lease more, so its Interrupted normally comes

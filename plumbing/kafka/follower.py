@@ -50,7 +50,7 @@ class Follower:
         self.consumer: AIOKafkaConsumer | None = None  # made in start(): aiokafka needs the running loop
         self.caught_up = asyncio.Event()
         self._ends: dict[TopicPartition, int] = {}
-        self._fresh_at: dict[TopicPartition, float] = {}  # wall time of the last fetch that found it read through
+        self.freshness = ReadThrough()
 
     async def start(self) -> None:
         self.consumer = make_consumer(self.kafka, client_id=self.client_id, auto_offset_reset="latest")
@@ -97,19 +97,35 @@ class Follower:
         await self._note_fresh()
 
     async def _note_fresh(self) -> None:
-        for tp in self.consumer.assignment():
-            highwater, polled_ms = self.consumer.highwater(tp), self.consumer.last_poll_timestamp(tp)
-            if highwater is not None and polled_ms is not None and await self.consumer.position(tp) >= highwater:
-                self._fresh_at[tp] = polled_ms / 1000
+        await self.freshness.note(self.consumer)
 
     def read_through(self) -> float | None:
-        """Unix time up to which every record of every followed partition has been read (the oldest of the
-        partitions' last fetches that found nothing left to read), or None before each has been read through
-        once. A record written before it has been handled; one written after may not have been."""
-        assigned = self.consumer.assignment() if self.consumer is not None else set()
-        if not assigned or any(tp not in self._fresh_at for tp in assigned):
+        """Unix time up to which every record of every followed partition has been read (ReadThrough)."""
+        return self.freshness.read_through(self.consumer)
+
+
+class ReadThrough:
+    """Up to which wall-clock time a consumer has read its assigned partitions through.
+
+    After each poll, `note` records for every partition read to its high watermark the time of the fetch that
+    reported that watermark (aiokafka's `last_poll_timestamp`). `read_through` is the oldest of those: a record
+    written before it has been handled, one written after may not have been."""
+
+    def __init__(self) -> None:
+        self.fresh_at: dict[TopicPartition, float] = {}
+
+    async def note(self, consumer: AIOKafkaConsumer) -> None:
+        for tp in consumer.assignment():
+            highwater, polled_ms = consumer.highwater(tp), consumer.last_poll_timestamp(tp)
+            if highwater is not None and polled_ms is not None and await consumer.position(tp) >= highwater:
+                self.fresh_at[tp] = polled_ms / 1000
+
+    def read_through(self, consumer: AIOKafkaConsumer | None) -> float | None:
+        """None before every assigned partition has been read through once."""
+        assigned = consumer.assignment() if consumer is not None else set()
+        if not assigned or any(tp not in self.fresh_at for tp in assigned):
             return None
-        return min(self._fresh_at[tp] for tp in assigned)
+        return min(self.fresh_at[tp] for tp in assigned)
 
     async def catch_up(self) -> None:
         """Read up to the end offsets seen at start (a bounded read, for one-shot tools)."""

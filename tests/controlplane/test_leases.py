@@ -45,6 +45,22 @@ def test_an_attempt_its_worker_stops_listing_is_interrupted_after_a_lease_but_no
     assert state.tenant("acme").concurrency == 0
 
 
+def test_an_attempt_whose_order_the_worker_has_not_read_yet_is_not_lost_however_late_its_heartbeat(world):
+    """A frozen broker (or a starved worker) delays the order as well as the heartbeats: a heartbeat sent more
+    than a lease after the dispatch but read through only to before it cannot be expected to list it."""
+    decider, registry, state = world
+    registry.observe(heartbeat("w1", incarnation="only", attempts=()))
+    gen_id = decider.submit(state, submit(), NOW).replies[0].generation_id
+    registry.observe(heartbeat("w1", at=at(3.9), incarnation="only", attempts=(), dispatch_read_through=at(-0.1)))
+    assert not decider.expire_leases(state, at(4.0))
+    registry.observe(heartbeat("w1", at=at(4.5), incarnation="only", attempts=(f"{gen_id}:1",),
+                               dispatch_read_through=at(4.4)))  # read at last, and held
+    assert not decider.expire_leases(state, at(4.6))
+    registry.observe(heartbeat("w1", at=at(7.0), incarnation="only", attempts=(), dispatch_read_through=at(6.9)))
+    (interrupted,) = decider.expire_leases(state, at(7.1)).generations  # read through, and unlisted for a lease
+    assert (interrupted.epoch, interrupted.reason) == (1, "attempt-not-listed")
+
+
 def test_an_attempt_running_past_the_maximum_run_time_is_interrupted_while_its_worker_lists_it(world):
     decider, registry, state = world
     decider.settings = decider.settings.model_copy(update={"max_attempt_s": 60.0})
