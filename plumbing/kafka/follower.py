@@ -104,6 +104,21 @@ class Follower:
         return self.freshness.read_through(self.consumer)
 
 
+    async def catch_up(self) -> None:
+        """Read up to the end offsets seen at start (a bounded read, for one-shot tools)."""
+        while not self.caught_up.is_set():
+            await self.poll_once()
+
+    async def run(self) -> None:
+        while True:
+            # A record ends the wait at once; an idle follower then wakes once a second, not five times.
+            await self.poll_once(timeout_ms=1000)
+
+    async def stop(self) -> None:
+        if self.consumer is not None:
+            await self.consumer.stop()
+
+
 class ReadThrough:
     """Up to which wall-clock time a consumer has read its assigned partitions through.
 
@@ -126,17 +141,3 @@ class ReadThrough:
         if not assigned or any(tp not in self.fresh_at for tp in assigned):
             return None
         return min(self.fresh_at[tp] for tp in assigned)
-
-    async def catch_up(self) -> None:
-        """Read up to the end offsets seen at start (a bounded read, for one-shot tools)."""
-        while not self.caught_up.is_set():
-            await self.poll_once()
-
-    async def run(self) -> None:
-        while True:
-            # A record ends the wait at once; an idle follower then wakes once a second, not five times.
-            await self.poll_once(timeout_ms=1000)
-
-    async def stop(self) -> None:
-        if self.consumer is not None:
-            await self.consumer.stop()
