@@ -144,7 +144,8 @@ async def _run(config: ChaosConfig, settings: Settings, services: LocalServices,
     on_worker = report["reports"]["interrupted_on_worker"]
     availability["interrupted_by_worker_kill"] = sum(n for worker, n in on_worker.items() if worker in killed)
     availability["interrupted_otherwise"] = sum(n for worker, n in on_worker.items() if worker not in killed)
-    report.update({"interrupted_alive": availability["interrupted_otherwise"],"availability_error_fraction": availability["availability_error_fraction"],
+    report.update({"interrupted_alive": availability["interrupted_otherwise"],
+                   "availability_error_fraction": availability["availability_error_fraction"],
                    "availability": availability, "instances": config.instances,
                    "faults": len(fault_log.faults), "fault_log": fault_log.faults,
                    "role_restarts": {name: role.crash_restarts for name, role in roles.items()},

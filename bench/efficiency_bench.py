@@ -25,9 +25,9 @@ from bench.capacity_bench import CapacityConfig, Prompts, default_tenant, platfo
 from bench.capacity_client import MIXES, closed_loop
 from bench.capacity_metrics import client_summary
 from bench.common import free_port
-from bench.overhead_bench import service_pids
-from bench.proc_cpu import PROC, CpuSampler, cpu_seconds, process_ticks, read_stat, thread_ticks, tree_ticks
-from bench.serve_targets import Platform, ledgerlm_platform
+from bench.overhead_bench import load_average, sampler_for, service_pids
+from bench.proc_cpu import CpuSampler, cpu_seconds
+from bench.serve_targets import ledgerlm_platform
 from plumbing.settings import Settings
 
 MIX = "a"
@@ -48,25 +48,6 @@ class EfficiencyConfig:
 
 
 QUICK = EfficiencyConfig(levels=(1, 4), duration_s=15.0, drain_s=30.0, idle_s=5.0, prompts_per_level=64)
-
-
-def load_average() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def role_sampler(platform: Platform, brokers: list[int], postmaster: int | None) -> CpuSampler:
-    pids = platform.pids
-
-    def kafka() -> int | None:
-        ticks = [process_ticks(pid) for pid in brokers]
-        return None if not ticks or None in ticks else sum(ticks)
-
-    probes = {role: (lambda pid=pids[role]: process_ticks(pid)) for role in ("gateway", "controller", "projector")}
-    probes |= {"worker": lambda: process_ticks(pids["worker"]),
-               "worker_engine": lambda: thread_ticks(pids["worker"], "engine"),
-               "kafka": kafka, "postgres": lambda: None if postmaster is None else tree_ticks(postmaster),
-               "load_generator": lambda: (s.own_ticks if (s := read_stat(PROC / str(os.getpid()) / "stat")) else None)}
-    return CpuSampler(probes)
 
 
 def with_worker_split(cpu: dict[str, float | None]) -> dict[str, float | None]:
@@ -105,13 +86,12 @@ def outside_engine(costs: dict) -> float | None:
     return None if None in parts else round(sum(parts), 3)
 
 
-async def platform_levels(model_dir: Path, prompts: Prompts, config: EfficiencyConfig, capacity: CapacityConfig,
-                          workdir: Path) -> dict:
+async def platform_levels(model_dir: Path, prompts: Prompts, config: EfficiencyConfig, workdir: Path) -> dict:
     brokers, postmaster = service_pids(Settings())
     settings = platform_settings(free_port())
     async with ledgerlm_platform(model_dir, [default_tenant()], workdir, settings=settings,
                                  bench="efficiency") as platform:
-        sampler = role_sampler(platform, brokers, postmaster)
+        sampler = sampler_for(platform.pids, brokers, postmaster)
         await warm(platform.target, prompts(MIX, 0))
         idle_before = await idle_phase(sampler, config.idle_s)
         levels = []
@@ -180,7 +160,7 @@ async def run_efficiency_bench(model_dir: Path, config: EfficiencyConfig, workdi
                               mixes=(MIX,), servers=("ledgerlm", "engine"), prompt_tokens=config.prompt_tokens,
                               prompts_per_level=config.prompts_per_level)
     prompts = Prompts(model_dir, capacity)
-    platform = await platform_levels(model_dir, prompts, config, capacity, workdir)
+    platform = await platform_levels(model_dir, prompts, config, workdir)
     engine_began = time.monotonic()
     engine = run_engine(model_dir, prompts, capacity, {MIX: list(config.levels)})[MIX]["levels"]
     rows = compare(platform["levels"], engine)

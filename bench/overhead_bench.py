@@ -55,8 +55,9 @@ def service_pids(settings: Settings) -> tuple[list[int], int | None]:
     return [pid for pid in brokers if (PROC / str(pid)).exists()], postmaster
 
 
-def sampler_for(stack: Stack, brokers: list[int], postmaster: int | None) -> CpuSampler:
-    pids, me = stack.pids, os.getpid()
+def sampler_for(pids: dict[str, int], brokers: list[int], postmaster: int | None) -> CpuSampler:
+    """CPU probes of the platform's roles (`pids`: role -> process id), the brokers, PostgreSQL and this process."""
+    me = os.getpid()
 
     def kafka() -> int | None:
         ticks = [process_ticks(pid) for pid in brokers]
@@ -158,7 +159,7 @@ async def run_overhead_bench(model: ServedModel, config: OverheadConfig, workdir
     prompts = {name: maker.pool(mix.prompt_tokens, config.prompt_pool) for name, mix in mixes.items()}
     load_at_start = load_average()
     async with platform(model.version, workdir) as stack:
-        sampler = sampler_for(stack, brokers, postmaster)
+        sampler = sampler_for(stack.pids, brokers, postmaster)
         await warm_up(stack, prompts, mixes)
         await wait_projected(stack.database_url, stack.bootstrap)
         rows = await settled_rows(stack.database_url)

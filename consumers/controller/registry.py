@@ -200,4 +200,3 @@ class WorkerRegistry:
         if view is not None:
             view.pending.pop(generation_id, None)
             view.lost = {key for key in view.lost if key.rsplit(":", 1)[0] != generation_id}
-

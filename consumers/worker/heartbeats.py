@@ -98,8 +98,7 @@ class HeartbeatAcks:
         acked = self.worker.last_heartbeat_ok
         if now - acked > self.give_up_after:
             return True
-        newest = max(self.in_flight.values(), default=acked)
-        return now - max(acked, newest) > self.fence_after
+        return now - max([acked, *self.in_flight.values()]) > self.fence_after
 
 
 async def heartbeat_loop(worker: "Worker") -> None:

@@ -94,15 +94,11 @@ class Follower:
         if batches and self.after_batch is not None:
             self.after_batch()
         await self._check_caught_up()
-        await self._note_fresh()
-
-    async def _note_fresh(self) -> None:
         await self.freshness.note(self.consumer)
 
     def read_through(self) -> float | None:
         """Unix time up to which every record of every followed partition has been read (ReadThrough)."""
         return self.freshness.read_through(self.consumer)
-
 
     async def catch_up(self) -> None:
         """Read up to the end offsets seen at start (a bounded read, for one-shot tools)."""

@@ -36,8 +36,8 @@ async def refuse_without_workers(gateway: "Gateway", principal: Principal, body:
     if not gateway.workers_follower.caught_up.is_set():
         return
     total = len(prompt.token_ids) + prompt.max_output_tokens * prompt.sampling.n
-    gateway.board.read_through = gateway.workers_follower.read_through()
-    if gateway.board.could_serve(gateway.catalog.versions_of(body.model), total, time.time()):
+    if gateway.board.could_serve(gateway.catalog.versions_of(body.model), total, time.time(),
+                                 gateway.workers_follower.read_through()):
         return
     if gateway.bridge.knows_request(principal.tenant_id, body.request_id) or \
             await gateway.db.knows_request(principal.tenant_id, body.request_id):

@@ -22,19 +22,21 @@ class WorkerBoard:
     def __init__(self, plane: str) -> None:
         self.plane = plane
         self.latest: dict[str, WorkerHeartbeat] = {}
-        self.read_through: float | None = None  # the workers follower's Follower.read_through, set by its owner
 
     def observe(self, heartbeat: WorkerHeartbeat) -> None:
         known = self.latest.get(heartbeat.worker_id)
         if known is None or heartbeat.occurred_at >= known.occurred_at:
             self.latest[heartbeat.worker_id] = heartbeat
 
-    def is_live(self, heartbeat: WorkerHeartbeat, now: float) -> bool:
+    def is_live(self, heartbeat: WorkerHeartbeat, now: float, read_through: float | None = None) -> bool:
+        """Alive, not draining, of this plane, and within its lease as of `now` or of `read_through` (the
+        workers follower's Follower.read_through), whichever is earlier."""
         return (heartbeat.alive and not heartbeat.draining and heartbeat.plane in (None, self.plane)
-                and heartbeat.within_lease(now, self.read_through))
+                and heartbeat.within_lease(now, read_through))
 
-    def could_serve(self, versions: Iterable[str], total_tokens: int, now: float) -> bool:
+    def could_serve(self, versions: Iterable[str], total_tokens: int, now: float,
+                    read_through: float | None = None) -> bool:
         """Some live worker serves one of `versions` with a pool of at least `total_tokens`."""
         wanted = set(versions)
-        return any(self.is_live(hb, now) and wanted.intersection(hb.model_versions)
+        return any(self.is_live(hb, now, read_through) and wanted.intersection(hb.model_versions)
                    and hb.total_blocks * hb.block_size >= total_tokens for hb in self.latest.values())

@@ -54,9 +54,9 @@ def test_the_gateway_board_judges_its_workers_as_of_its_read_through_time():
     board.observe(make_heartbeat(plane="p"))
     late = SENT.timestamp() + LEASE_S + 10
     assert not board.could_serve(["demo-tiny@1"], 100, late)
-    board.read_through = SENT.timestamp() + 1
-    assert board.could_serve(["demo-tiny@1"], 100, late)
-    assert not board.could_serve(["demo-tiny@1"], 64 * 16 + 1, late)  # live, but its pool could never hold it
+    read_through = SENT.timestamp() + 1
+    assert board.could_serve(["demo-tiny@1"], 100, late, read_through)
+    assert not board.could_serve(["demo-tiny@1"], 64 * 16 + 1, late, read_through)  # live, but its pool could never hold it
 
 
 def make_acks(last_ok: float = 0.0) -> HeartbeatAcks:
