@@ -10,6 +10,7 @@ from bench.chaos_faults import FaultLog
 from bench.chaos_fleet import LOAD_FAULTS, faults_for
 from bench.chaos_load_faults import cpu_hog, freeze_pid
 from bench.efficiency_bench import check, compare, outside_engine, role_costs
+from tests.controlplane.conftest import wait_until
 
 
 def test_role_costs_subtract_the_idle_burn_and_divide_by_output_tokens():
@@ -51,13 +52,13 @@ def state_of(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
-async def test_a_frozen_process_is_stopped_for_the_freeze_and_running_after_it():
+async def test_a_frozen_process_is_stopped_for_the_freeze_and_running_after_it_even_when_cut_short():
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        freezing = asyncio.create_task(freeze_pid(proc.pid, 0.5))
-        await asyncio.sleep(0.1)  # inside the freeze: the state is read while it lasts
-        assert state_of(proc.pid) == "T"
-        await freezing
+        freezing = asyncio.create_task(freeze_pid(proc.pid, 60))  # far longer than the test: it is cancelled
+        await wait_until(lambda: state_of(proc.pid) == "T", 10, what="the process stopped")
+        freezing.cancel()
+        await asyncio.gather(freezing, return_exceptions=True)
         assert state_of(proc.pid) in ("S", "R")
     finally:
         proc.kill()
