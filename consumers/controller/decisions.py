@@ -296,12 +296,12 @@ class Decider:
         return self._end(state, gen, cmd.end_reason or "completed", now, used_tokens=cmd.used_tokens)
 
     # -- lease expiry ----------------------------------------------------------------
-    def expire_leases(self, state: PartitionState, now: datetime) -> Effects:
+    def expire_leases(self, state: PartitionState, now: datetime, commands_read_through: float | None = None) -> Effects:
         """Interrupted(epoch) for every live attempt its worker no longer runs (leases.interruption names why).
-        No new attempt."""
+        No new attempt. `commands_read_through`: how far the partition's commands have been read (registry)."""
         effects = Effects()
         for gen in list(state.live_generations()):
-            reason = interruption(self.registry, gen, now, self.settings.max_attempt_s)
+            reason = interruption(self.registry, gen, now, self.settings.max_attempt_s, commands_read_through)
             if reason is None:
                 continue
             scoped = {"tenant_id": gen.tenant_id, "generation_id": gen.generation_id, "epoch": gen.epoch}

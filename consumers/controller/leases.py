@@ -24,8 +24,10 @@ def dispatched_at(gen: IdentityRecorded, now: datetime) -> datetime | None:
     return None
 
 
-def interruption(registry: WorkerRegistry, gen: IdentityRecorded, now: datetime, max_attempt_s: float) -> str | None:
-    """Why the live attempt `gen` is to be ended Interrupted, or None while its worker holds it."""
+def interruption(registry: WorkerRegistry, gen: IdentityRecorded, now: datetime, max_attempt_s: float,
+                 commands_read_through: float | None = None) -> str | None:
+    """Why the live attempt `gen` is to be ended Interrupted, or None while its worker holds it
+    (`commands_read_through`: see WorkerRegistry.lost_reason)."""
     if gen.worker_id is None:
         return None
     if not registry.is_live(gen.worker_id, now.timestamp()):
@@ -34,7 +36,7 @@ def interruption(registry: WorkerRegistry, gen: IdentityRecorded, now: datetime,
         return "worker-gave-up"
     dispatched = dispatched_at(gen, now)
     lost = registry.lost_reason(gen.worker_id, gen.generation_id, gen.epoch,
-                                dispatched.timestamp() if dispatched is not None else None)
+                                dispatched.timestamp() if dispatched is not None else None, commands_read_through)
     if lost is not None:
         return lost
     if dispatched is not None and (now - dispatched).total_seconds() > max_attempt_s:

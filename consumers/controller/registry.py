@@ -110,12 +110,15 @@ class WorkerRegistry:
         return view is not None and f"{generation_id}:{epoch}" in view.heartbeat.fenced
 
     def lost_reason(self, worker_id: str, generation_id: str, epoch: int | None,
-                    dispatched_at: float | None) -> str | None:
+                    dispatched_at: float | None, commands_read_through: float | None = None) -> str | None:
         """Why the worker no longer holds this attempt, from its heartbeats (None: it holds it, or cannot tell).
 
         `worker-restarted`: an earlier incarnation of the worker listed it. `attempt-not-listed`: the latest
         heartbeat, sent (and its orders read through) more than a lease after the attempt's dispatch (unix
-        seconds) and after its last listing, does not list it."""
+        seconds) and after its last listing, does not list it. `commands_read_through` is the unix time up to
+        which the controller has read the attempt's commands partition (-inf: not since it took the partition;
+        None: judge without it): a release the worker sent before it stopped listing the attempt, still waiting
+        there for a new partition owner, is not a lost attempt."""
         view = self.workers.get(worker_id)
         if view is None:
             return None
@@ -131,7 +134,9 @@ class WorkerRegistry:
         # Judged as of when the worker had read its orders through: an order still on its way (a frozen broker,
         # a starved worker) is not yet one the worker lost.
         judged = hb.occurred_at if hb.dispatch_read_through is None else min(hb.occurred_at, hb.dispatch_read_through)
-        return "attempt-not-listed" if judged.timestamp() - since > hb.lease_ms / 1000 else None
+        judged_s = judged.timestamp() if commands_read_through is None else min(judged.timestamp(),
+                                                                                 commands_read_through)
+        return "attempt-not-listed" if judged_s - since > hb.lease_ms / 1000 else None
 
     def is_live(self, worker_id: str, now: float) -> bool:
         """The worker's latest heartbeat is alive and within its lease, as of `now` or of the time the

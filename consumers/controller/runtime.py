@@ -25,7 +25,7 @@ from consumers.controller.registry import WorkerRegistry
 from consumers.controller.state import PartitionState
 from plumbing.kafka.clients import Kafka, make_consumer, make_producer, read_to_end
 from plumbing.kafka.dead_letters import dead_letter_for
-from plumbing.kafka.follower import Follower
+from plumbing.kafka.follower import Follower, ReadThrough
 from plumbing.settings import Settings
 from plumbing.telemetry.metrics import ControllerMetrics
 from plumbing.telemetry.server import Readiness, RoleServer
@@ -71,6 +71,8 @@ class Controller:
         self.decisions = 0
         self.stats = {"batches": 0, "records": 0, "txn_ms_total": 0.0, "txn_ms_max": 0.0}
         self.registry_caught_up = False
+        # How far each owned commands partition has been read: a worker's release may wait there for us.
+        self.commands_read = ReadThrough()
         self.metrics = ControllerMetrics(lambda: len(self.states), self.live_workers)
         self.http = RoleServer("controller", self.metrics.registry, self.readiness, settings.metrics_host,
                                settings.controller_metrics_port)
@@ -96,6 +98,7 @@ class Controller:
     # -- partition ownership -------------------------------------------------------------
     async def own_partitions(self, partitions: list[int]) -> None:
         async with self.lock:
+            self.commands_read.forget([TopicPartition(COMMANDS, p) for p in partitions])
             for p in partitions:
                 producer = make_producer(self.kafka, transactional_id=f"{self.group}-p{p}",
                                          client_id=f"controller-p{p}")
@@ -231,7 +234,8 @@ class Controller:
         async with self.lock:
             now = utc_now()
             for p, state in list(self.states.items()):
-                effects = self.decider.expire_leases(state, now)
+                read_through = self.commands_read.of(TopicPartition(COMMANDS, p))
+                effects = self.decider.expire_leases(state, now, float("-inf") if read_through is None else read_through)
                 effects.extend(self.decider.expire_identities(state, now))
                 if not effects:
                     continue
@@ -283,6 +287,7 @@ class Controller:
                 self.registry.read_through = follower.read_through()
                 if batches:
                     await self.process(batches)
+                await self.commands_read.note(consumer)
                 if time.monotonic() >= next_check:
                     await self.check_leases()
                     next_check = time.monotonic() + interval

@@ -131,6 +131,15 @@ class ReadThrough:
             if highwater is not None and polled_ms is not None and await consumer.position(tp) >= highwater:
                 self.fresh_at[tp] = polled_ms / 1000
 
+    def forget(self, partitions: list[TopicPartition]) -> None:
+        """Partitions (re)assigned or revoked: what an earlier assignment read says nothing of the backlog now."""
+        for tp in partitions:
+            self.fresh_at.pop(tp, None)
+
+    def of(self, tp: TopicPartition) -> float | None:
+        """Up to when this one partition has been read through (None: not since it was assigned)."""
+        return self.fresh_at.get(tp)
+
     def read_through(self, consumer: AIOKafkaConsumer | None) -> float | None:
         """None before every assigned partition has been read through once."""
         assigned = consumer.assignment() if consumer is not None else set()

@@ -73,3 +73,18 @@ def test_an_attempt_running_past_the_maximum_run_time_is_interrupted_while_its_w
     (interrupted,), (cancel,) = effects.generations, effects.dispatch
     assert (interrupted.reason, cancel.reason, cancel.worker_id) == ("max-attempt-time", "max-attempt-time", "w1")
     assert state.tenant("acme").tokens_in_flight == 0
+
+
+def test_an_attempt_unlisted_after_its_release_is_not_lost_while_the_release_waits_in_the_commands_partition(world):
+    """A controller that took the partition over (its owner was killed) judges `attempt-not-listed` only up to
+    where it has read the partition's commands: the worker's release sent before it stopped listing the attempt
+    waits there, and reading it ends the attempt completed, not interrupted."""
+    decider, registry, state = world
+    registry.observe(heartbeat("w1", incarnation="only", attempts=()))
+    gen_id = decider.submit(state, submit(), NOW).replies[0].generation_id
+    registry.observe(heartbeat("w1", at=at(0.5), incarnation="only", attempts=(f"{gen_id}:1",)))
+    registry.observe(heartbeat("w1", at=at(9.0), incarnation="only", attempts=()))  # released at 0.6, unlisted since
+    assert not decider.expire_leases(state, at(9.1), commands_read_through=float("-inf"))  # not read since taking over
+    assert not decider.expire_leases(state, at(9.1), commands_read_through=NOW.timestamp() + 0.4)
+    (interrupted,) = decider.expire_leases(state, at(9.1), commands_read_through=NOW.timestamp() + 8.0).generations
+    assert interrupted.reason == "attempt-not-listed"  # read far past the release point: the attempt is lost
