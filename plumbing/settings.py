@@ -71,7 +71,13 @@ class Settings(BaseSettings):
     interactive_queue_fraction: float = Field(default=0.5, ge=0, le=1, description="an interactive request may "
                                               "queue on a worker whose predicted wait fits this share of the "
                                               "allowance; beyond it, 503 with a Retry-After from the prediction")
-    batch_queue_allowance_ms: int = Field(default=60000, ge=0)
+    batch_completion_window_s: int = Field(default=86400, ge=60, le=7 * 86400, description="an accepted batch "
+                                           "generation waits for capacity this long before it expires (a tenant's "
+                                           "`batch_completion_window_s` or the request's `completionWindowS` may "
+                                           "shorten it); it is never refused for load")
+    batch_dispatch_wait_ms: int = Field(default=1000, ge=0, description="a batch attempt is handed to a worker "
+                                        "only while that worker could start it within this (KV room now, a short "
+                                        "prefill queue); until then the controller holds it")
     worker_decode_tokens_per_s: float = Field(default=200.0, gt=0, description="queue-time estimate for routing")
     retry_after_ms: int = Field(default=1000, ge=1, description="base Retry-After for 429/503, jittered up to +50%")
     max_refusals: int = Field(default=2, ge=0, description="reroutes after worker refusals before Rejected")

@@ -6,6 +6,8 @@ latest record per item:
 
     IdentityRecorded    "<plane>/<tenant>/g/<request id>"   one per generation, latest state
     TenantBudgetState   "<plane>/<tenant>/budget"           token-rate window of the tenant
+    HeldAttempt         "<plane>/<tenant>/h/<generation id>" a batch attempt admitted, not yet dispatched
+                                                            (tombstoned when dispatched, canceled or expired)
 
 `plane` is the controller group that wrote the record: a controller rebuilds
 only its own plane's records, so two control planes sharing a broker never
@@ -27,7 +29,7 @@ from typing import Literal
 from pydantic import Field
 
 from schemas.envelope import TenantScoped
-from schemas.values import Tier
+from schemas.values import SamplingParams, Tier
 
 GenerationStatus = Literal["active", "canceling", "ended"]
 
@@ -88,3 +90,42 @@ class TenantBudgetState(TenantScoped):
     @property
     def changelog_key(self) -> str:
         return f"{self.plane or '-'}/{self.tenant_id}/budget"
+
+
+class HeldAttempt(TenantScoped):
+    """A batch attempt the controller accepted and holds until a worker has room for it: everything its
+    `StartAttempt` needs, so a controller that takes the partition over dispatches it as the first would."""
+
+    type: Literal["HeldAttempt"] = "HeldAttempt"
+    request_id: str = Field(min_length=1)
+    generation_id: str = Field(min_length=1)
+    epoch: int = Field(ge=1)
+    model_version: str = Field(min_length=1)
+    input_token_ids: tuple[int, ...]
+    max_output_tokens: int = Field(ge=1)
+    sampling: SamplingParams = SamplingParams()
+    weight: float = Field(default=1.0, gt=0.0)
+    held_at: datetime  # when it was admitted (or handed back): the queue's order
+    expires_at: datetime  # the end of its completion window
+    plane: str | None = None
+
+    @property
+    def changelog_key(self) -> str:
+        return held_key(self.plane, self.tenant_id, self.generation_id)
+
+    @property
+    def output_tokens(self) -> int:
+        return self.max_output_tokens * self.sampling.n
+
+
+def held_key(plane: str | None, tenant_id: str, generation_id: str) -> str:
+    return f"{plane or '-'}/{tenant_id}/h/{generation_id}"
+
+
+def held_of_key(key: str, plane: str | None) -> str | None:
+    """The generation id named by a held-attempt key of `plane` (None for any other key)."""
+    prefix = f"{plane or '-'}/"
+    if not key.startswith(prefix):
+        return None
+    _, sep, rest = key[len(prefix):].partition("/")
+    return rest[2:] if sep and rest.startswith("h/") and len(rest) > 2 else None

@@ -7,7 +7,7 @@ from pydantic import Field
 
 from schemas.dispatch import StartAttempt
 from schemas.envelope import TenantScoped, Value
-from schemas.values import SamplingParams, Tier, added
+from schemas.values import MAX_COMPLETION_WINDOW_S, SamplingParams, Tier, added
 
 
 class Command(TenantScoped):
@@ -46,6 +46,9 @@ class SubmitGeneration(Command):
     result_tokens: bool = added(False)
     # The admitting gateway's share of the token stream; the controller mints the id into it. Not hashed.
     stream_share: StreamShare | None = added(None)
+    # Batch tier: how long it may wait for capacity (None: the tenant's or the platform's window). Not hashed:
+    # when it runs does not change what is generated.
+    completion_window_s: int | None = added(None, ge=60, le=MAX_COMPLETION_WINDOW_S)
 
     @property
     def output_tokens(self) -> int:

@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from schemas.changelog import IdentityRecorded, TenantBudgetState
+from schemas.changelog import HeldAttempt, IdentityRecorded, TenantBudgetState
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
 from schemas.dead_letter import DeadLetter
 from schemas.dispatch import CancelAttempt, DrainWorker, StartAttempt
@@ -87,7 +87,7 @@ TOPICS: tuple[TopicSpec, ...] = (
               "delete", 30 * DAY_MS, min_insync_replicas=2,
               description="Commands for the controller; one tenant's commands stay in order."),
     # Written to the tenant's commands partition explicitly; the key names one item of state.
-    TopicSpec(CONTROL_CHANGELOG, "changelog_key", (IdentityRecorded, TenantBudgetState), "compact",
+    TopicSpec(CONTROL_CHANGELOG, "changelog_key", (IdentityRecorded, TenantBudgetState, HeldAttempt), "compact",
               min_insync_replicas=2, description="Controller state, rebuilt on partition assignment."),
     TopicSpec(REPLIES, "gateway_id", (AdmissionDecision,), "delete", HOUR_MS,
               description="Admission decisions routed back to the waiting gateway."),

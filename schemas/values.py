@@ -13,6 +13,10 @@ Tier = Literal["interactive", "batch"]
 EndReason = Literal["completed", "output-limit", "canceled", "interrupted", "expired", "failed", "rejected"]
 
 
+# The longest completion window a batch generation may be given: a week.
+MAX_COMPLETION_WINDOW_S = 7 * 86400
+
+
 def added(default: Any, **constraints: Any) -> Any:
     """A field added after the first release: left out of records while at its default, so records stay as
     small as before for requests that do not use it (and older readers' records replay unchanged)."""
@@ -79,3 +83,6 @@ class TenantLimits(Value):
     tokens_per_minute: int = Field(default=1_000_000, ge=1)
     max_concurrency: int = Field(default=64, ge=1)
     max_queued_tokens: int = Field(default=400_000, ge=1)
+    # How long an accepted batch generation may wait for capacity before it expires; None: the platform's
+    # default (`batch_completion_window_s`). A request may ask for a shorter window, never a longer one.
+    batch_completion_window_s: int | None = added(None, ge=60, le=MAX_COMPLETION_WINDOW_S)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from schemas.changelog import IdentityRecorded, TenantBudgetState
+from schemas.changelog import HeldAttempt, IdentityRecorded, TenantBudgetState
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
 from schemas.dead_letter import DeadLetter
 from schemas.dispatch import CancelAttempt, DrainWorker, StartAttempt
@@ -99,6 +99,11 @@ def make_event(type_name: str, tenant_id: str | None = None, generation_id: str 
                                                      plane="ledgerlm-controller"),
         "TenantBudgetState": lambda: TenantBudgetState(tenant_id=tenant, tokens_in_flight=10, concurrency=1,
                                                        queued_tokens=0, rate_buckets=((1767225600, 68),)),
+        "HeldAttempt": lambda: HeldAttempt(tenant_id=tenant, request_id=uid("req"), generation_id=gen, epoch=1,
+                                           model_version="demo-tiny@1", input_token_ids=(1, 2, 3, 4),
+                                           max_output_tokens=4, held_at=datetime(2026, 12, 1, tzinfo=UTC),
+                                           expires_at=datetime(2026, 12, 2, tzinfo=UTC),
+                                           plane="ledgerlm-controller"),
         "DeadLetter": lambda: DeadLetter(source_topic="llm.generations", partition=2, offset=41, key_b64=None,
                                          error_class="MalformedRecord", reason="not JSON", payload_b64="AAE="),
     }

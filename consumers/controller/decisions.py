@@ -5,9 +5,11 @@ the runtime then writes in one Kafka transaction together with the consumed
 offsets. Nothing here touches Kafka, so every rule is testable in memory.
 
     SubmitGeneration ─▶ 200 existing | 409 conflict | 404 model | 503 model_not_qualified (require_qualified)
-                        | 429 budget | 503 capacity | 201 admitted on one concrete version (an alias: drawn by weight)
+                        | 429 budget | 503 capacity (interactive only) | 201 admitted on one concrete version
+                        (an alias: drawn by weight); batch: dispatched to a worker with room now, else held
+    held batch work  ─▶ StartAttempt once a worker has room (oldest first) | Expired past its completion window
     CancelGeneration ─▶ 202 canceling (CancelRequested + CancelAttempt) | 200 finished | 404 unknown
-    AttemptRefused   ─▶ StartAttempt(epoch + 1) elsewhere | Rejected
+    AttemptRefused   ─▶ StartAttempt(epoch + 1) elsewhere | Rejected; batch: held again as epoch + 1
     ReleaseReservation ─▶ budget released
     lease check ─▶ Interrupted + budget released: worker silent for a lease, restarted, no longer listing the
                    attempt, or the attempt past max_attempt_s
@@ -27,12 +29,12 @@ from consumers.controller.state import PartitionState, TenantState
 from consumers.controller.versions import VersionPicker, describe
 from plumbing.kafka.follower import partition_for
 from plumbing.settings import Settings
-from schemas.changelog import IdentityRecorded, TenantBudgetState
+from schemas.changelog import HeldAttempt, IdentityRecorded, TenantBudgetState, held_key
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, StreamShare, SubmitGeneration
 from schemas.dispatch import CancelAttempt, StartAttempt
 from schemas.envelope import Envelope
 from schemas.generation_ids import mint_generation_id
-from schemas.lifecycle import Admitted, CancelRequested, Canceled, Interrupted, Rejected
+from schemas.lifecycle import Admitted, CancelRequested, Canceled, Expired, Interrupted, Rejected
 from schemas.model_book import ModelBook
 from schemas.replies import AdmissionDecision
 from schemas.values import TenantLimits
@@ -84,27 +86,21 @@ class Decider:
         """Retry-After spread over [base, 1.5 base] so refused clients do not return in lockstep."""
         return int(base_ms * (1.0 + 0.5 * self.rng.random()))
 
-    def allowance_s(self, tier: str) -> float:
-        ms = self.settings.interactive_queue_allowance_ms if tier == "interactive" else \
-            self.settings.batch_queue_allowance_ms
-        return ms / 1000
+    def queue_allowance_s(self) -> float:
+        """The predicted wait a new interactive attempt may be routed with: a share of its TTFT allowance (the
+        rest is its own prefill). (Batch work is routed by `batch_dispatch_wait_ms`, or held.)"""
+        return self.settings.interactive_queue_allowance_ms / 1000 * self.settings.interactive_queue_fraction
 
-    def queue_allowance_s(self, tier: str) -> float:
-        """The predicted wait a new attempt may be routed with: for interactive work a share of its TTFT
-        allowance (the rest is its own prefill), for batch work the whole batch allowance."""
-        if tier == "interactive":
-            return self.allowance_s(tier) * self.settings.interactive_queue_fraction
-        return self.allowance_s(tier)
-
-    def capacity_retry_ms(self, candidates: dict[str, int], demand: Demand, now: datetime, tier: str) -> int:
+    def capacity_retry_ms(self, candidates: dict[str, int], demand: Demand, now: datetime) -> int:
         """Retry-After of a 503 no_capacity: when the best worker's predicted wait would fit again."""
         wait_s = self.versions.shortest_wait_s(candidates, demand, now.timestamp())
         if wait_s is None:
             return self.jittered_ms(self.settings.retry_after_ms)
-        return self.jittered_ms(int(min(max(wait_s - self.queue_allowance_s(tier), 0.25), 60.0) * 1000))
+        return self.jittered_ms(int(min(max(wait_s - self.queue_allowance_s(), 0.25), 60.0) * 1000))
 
-    def deadline(self, tier: str, now: datetime) -> datetime:
-        return now + timedelta(seconds=max(self.allowance_s(tier), 10.0))
+    def deadline(self, now: datetime) -> datetime:
+        """By when an interactive attempt must have started on its worker."""
+        return now + timedelta(seconds=max(self.settings.interactive_queue_allowance_ms / 1000, 10.0))
 
     def reply(self, cmd: SubmitGeneration | CancelGeneration, outcome: str, status_code: int,
               **fields) -> AdmissionDecision:
@@ -170,21 +166,49 @@ class Decider:
             return Effects(replies=[self.reply(cmd, "rejected", 429, request_id=cmd.request_id, error_code=code,
                                                reason=reason, retry_after_ms=self.jittered_ms(retry_ms))])
         demand = Demand(len(cmd.input_token_ids), cmd.output_tokens)
-        routed = self.versions.route(candidates, demand, self.queue_allowance_s(cmd.tier), now.timestamp())
+        if cmd.tier == "batch":
+            return self.submit_batch(state, tenant, limits, cmd, reserved, candidates, demand, now)
+        routed = self.versions.route(candidates, demand, self.queue_allowance_s(), now.timestamp())
         if routed is None:
             return Effects(replies=[self.reply(
                 cmd, "rejected", 503, request_id=cmd.request_id, error_code="no_capacity",
                 reason=f"no ready worker with {describe(cmd.model_version, candidates)} whose predicted wait fits "
                        f"the {cmd.tier} allowance",
-                retry_after_ms=self.capacity_retry_ms(candidates, demand, now, cmd.tier))])
+                retry_after_ms=self.capacity_retry_ms(candidates, demand, now))])
         version, choice = routed
         queued = choice.waits_for_kv
         if queued and tenant.queued_tokens + reserved > limits.max_queued_tokens:
-            return Effects(replies=[self.reply(
-                cmd, "rejected", 429, request_id=cmd.request_id, error_code="queued_tokens",
-                reason=f"{tenant.queued_tokens} queued tokens + {reserved} exceed {limits.max_queued_tokens}",
-                retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))])
+            return Effects(replies=[self.queued_refusal(cmd, tenant, limits, reserved)])
         return self.admit(state, tenant, limits, cmd, reserved, version, choice.worker_id, now, queued)
+
+    def submit_batch(self, state: PartitionState, tenant: TenantState, limits: TenantLimits, cmd: SubmitGeneration,
+                     reserved: int, candidates: dict[str, int], demand: Demand, now: datetime) -> Effects:
+        """Batch work is never refused for load: it goes to a worker that could start it at once, or the
+        controller holds it (in the changelog) until one can, up to the end of its completion window."""
+        routed = self.versions.route(candidates, demand, self.batch_dispatch_wait_s, now.timestamp(),
+                                     may_wait=False)
+        if routed is not None:
+            version, choice = routed
+            return self.admit(state, tenant, limits, cmd, reserved, version, choice.worker_id, now)
+        if tenant.queued_tokens + reserved > limits.max_queued_tokens:
+            return Effects(replies=[self.queued_refusal(cmd, tenant, limits, reserved)])
+        return self.admit(state, tenant, limits, cmd, reserved, self.versions.draw(candidates), None, now, True)
+
+    def queued_refusal(self, cmd: SubmitGeneration, tenant: TenantState, limits: TenantLimits,
+                       reserved: int) -> AdmissionDecision:
+        return self.reply(cmd, "rejected", 429, request_id=cmd.request_id, error_code="queued_tokens",
+                          reason=f"{tenant.queued_tokens} queued tokens + {reserved} exceed {limits.max_queued_tokens}",
+                          retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))
+
+    @property
+    def batch_dispatch_wait_s(self) -> float:
+        return self.settings.batch_dispatch_wait_ms / 1000
+
+    def completion_deadline(self, cmd: SubmitGeneration, limits: TenantLimits, now: datetime) -> datetime:
+        """The end of a batch generation's completion window: the request's, within the tenant's (or the
+        platform's) window."""
+        window_s = limits.batch_completion_window_s or self.settings.batch_completion_window_s
+        return now + timedelta(seconds=min(window_s, cmd.completion_window_s or window_s))
 
     def over_budget(self, tenant: TenantState, limits: TenantLimits, reserved: int,
                     now: datetime) -> tuple[str, str, int] | None:
@@ -204,9 +228,10 @@ class Decider:
         return None
 
     def admit(self, state: PartitionState, tenant: TenantState, limits: TenantLimits, cmd: SubmitGeneration,
-              reserved: int, version: str, worker_id: str, now: datetime, queued: bool = False) -> Effects:
+              reserved: int, version: str, worker_id: str | None, now: datetime, queued: bool = False) -> Effects:
         """Admit on `version`, the concrete version (an alias's draw): identity, Admitted and StartAttempt
-        all record it, so status, billing and a retry see the version that runs."""
+        all record it, so status, billing and a retry see the version that runs. `worker_id` None: a batch
+        generation the controller holds until a worker has room (`dispatch_held`)."""
         gen_id = mint_generation_id(self.id_key, cmd.tenant_id, in_share(cmd.stream_share))
         now_s = int(now.timestamp())
         tenant.charge(now_s, reserved)
@@ -215,24 +240,83 @@ class Decider:
                                   payload_hash=cmd.payload_hash, model_version=version, tier=cmd.tier,
                                   epoch=1, worker_id=worker_id, reserved_tokens=reserved,
                                   input_tokens=len(cmd.input_token_ids), admitted_s=now_s, queued=queued,
-                                  dispatched_at=now)
+                                  dispatched_at=now if worker_id is not None else None)
         state.record(record)
-        self.registry.hold(worker_id, gen_id, Demand(len(cmd.input_token_ids), cmd.output_tokens),
-                           now.timestamp())
         scoped = {"tenant_id": cmd.tenant_id, "generation_id": gen_id, "epoch": 1}
         admitted = Admitted(**scoped, request_id=cmd.request_id, model_version=version,
                             input_tokens=len(cmd.input_token_ids), max_output_tokens=cmd.max_output_tokens,
                             reserved_tokens=reserved, payload_hash=cmd.payload_hash, sampling=cmd.sampling,
                             tier=cmd.tier, alias=None if version == cmd.model_version else cmd.model_version,
                             result_tokens=cmd.result_tokens)
-        start = StartAttempt(**scoped, worker_id=worker_id, model_version=version,
+        ticket = HeldAttempt(plane=self.plane, tenant_id=cmd.tenant_id, request_id=cmd.request_id,
+                             generation_id=gen_id, epoch=1, model_version=version,
                              input_token_ids=cmd.input_token_ids, max_output_tokens=cmd.max_output_tokens,
-                             sampling=cmd.sampling, weight=limits.weight, deadline_at=self.deadline(cmd.tier, now),
-                             tier=cmd.tier)
-        return Effects(generations=[admitted], dispatch=[start],
-                       changelog=[record, tenant.budget_record(now_s, self.plane)],
-                       replies=[self.reply(cmd, "created", 201, request_id=cmd.request_id, generation_id=gen_id,
-                                           status="active", model_version=version)])
+                             sampling=cmd.sampling, weight=limits.weight, held_at=now,
+                             expires_at=self.completion_deadline(cmd, limits, now) if cmd.tier == "batch"
+                             else self.deadline(now))
+        effects = Effects(generations=[admitted], changelog=[record, tenant.budget_record(now_s, self.plane)],
+                          replies=[self.reply(cmd, "created", 201, request_id=cmd.request_id, generation_id=gen_id,
+                                              status="active", model_version=version)])
+        if worker_id is None:
+            state.hold(ticket)
+            effects.changelog.append(ticket)
+        else:
+            self.registry.hold(worker_id, gen_id, Demand(len(cmd.input_token_ids), cmd.output_tokens),
+                               now.timestamp())
+            effects.dispatch.append(self.start_order(ticket, worker_id, cmd.tier))
+        return effects
+
+    @staticmethod
+    def start_order(ticket: HeldAttempt, worker_id: str, tier: str) -> StartAttempt:
+        return StartAttempt(tenant_id=ticket.tenant_id, generation_id=ticket.generation_id, epoch=ticket.epoch,
+                            worker_id=worker_id, model_version=ticket.model_version,
+                            input_token_ids=ticket.input_token_ids, max_output_tokens=ticket.max_output_tokens,
+                            sampling=ticket.sampling, weight=ticket.weight, deadline_at=ticket.expires_at, tier=tier)
+
+    # -- held batch work ---------------------------------------------------------------
+    def dispatch_held(self, state: PartitionState, now: datetime) -> Effects:
+        """Hand held batch attempts, oldest first, to workers that could start them within
+        `batch_dispatch_wait_ms` with KV room now; end those past their completion window `expired`.
+        A version whose oldest held attempt finds no worker gets nothing more this pass (no overtaking)."""
+        effects = Effects()
+        blocked: set[str] = set()
+        for ticket in list(state.held.values()):
+            if ticket.expires_at <= now:
+                effects.extend(self.expire_held(state, ticket, now))
+                continue
+            if ticket.model_version in blocked:
+                continue
+            demand = Demand(len(ticket.input_token_ids), ticket.output_tokens)
+            choice = self.registry.choose(ticket.model_version, demand, self.batch_dispatch_wait_s,
+                                          self.settings.worker_decode_tokens_per_s, now.timestamp(), may_wait=False)
+            if choice is None:
+                blocked.add(ticket.model_version)
+                continue
+            effects.extend(self.dispatch(state, ticket, choice.worker_id, demand, now))
+        return effects
+
+    def dispatch(self, state: PartitionState, ticket: HeldAttempt, worker_id: str, demand: Demand,
+                 now: datetime) -> Effects:
+        state.release_held(ticket.generation_id)
+        gen = state.find(ticket.tenant_id, ticket.generation_id)
+        if gen is None or gen.status != "active" or gen.epoch != ticket.epoch:
+            return Effects(tombstones=[ticket.changelog_key])  # ended meanwhile: nothing to run
+        moved = gen.model_copy(update={"worker_id": worker_id, "dispatched_at": now, "queued": False})
+        state.record(moved)
+        self.registry.hold(worker_id, gen.generation_id, demand, now.timestamp())
+        return Effects(dispatch=[self.start_order(ticket, worker_id, gen.tier)], changelog=[moved],
+                       tombstones=[ticket.changelog_key])
+
+    def expire_held(self, state: PartitionState, ticket: HeldAttempt, now: datetime) -> Effects:
+        """Its completion window ended before any worker had room: `Expired`, unbilled, budget back."""
+        state.release_held(ticket.generation_id)
+        effects = Effects(tombstones=[ticket.changelog_key])
+        gen = state.find(ticket.tenant_id, ticket.generation_id)
+        if gen is not None and gen.status != "ended":
+            effects.generations.append(Expired(tenant_id=gen.tenant_id, generation_id=gen.generation_id,
+                                               epoch=gen.epoch))
+            effects.extend(self._end(state, gen, "expired", now, used_tokens=0))
+        return effects
 
     # -- CancelGeneration ----------------------------------------------------------------
     def cancel(self, state: PartitionState, cmd: CancelGeneration, now: datetime) -> Effects:
@@ -243,6 +327,15 @@ class Decider:
         if gen.status == "ended":
             return Effects(replies=[self.reply(cmd, "finished", 200, generation_id=gen.generation_id,
                                                request_id=gen.request_id, status=gen.end_reason or "ended")])
+        if gen.worker_id is None:  # held here, never dispatched: it ends now
+            state.release_held(gen.generation_id)
+            effects = Effects(replies=[self.reply(cmd, "canceling", 202, generation_id=gen.generation_id,
+                                                  request_id=gen.request_id, status="canceling")],
+                              generations=[Canceled(tenant_id=gen.tenant_id, generation_id=gen.generation_id,
+                                                    epoch=gen.epoch)],
+                              tombstones=[held_key(self.plane, gen.tenant_id, gen.generation_id)])
+            effects.extend(self._end(state, gen, "canceled", now, used_tokens=0))
+            return effects
         effects = Effects(replies=[self.reply(cmd, "canceling", 202, generation_id=gen.generation_id,
                                               request_id=gen.request_id, status="canceling")])
         if gen.status == "active":
@@ -267,11 +360,13 @@ class Decider:
             effects = self._end(state, gen, "canceled", now, used_tokens=0)
             effects.generations.insert(0, Canceled(**scoped, epoch=gen.epoch))
             return effects
+        if gen.tier == "batch" and cmd.attempt is not None:
+            return self.hold_again(state, gen, cmd.attempt, now)
         choice = None
         if cmd.attempt is not None and cmd.epoch <= self.settings.max_refusals:
             demand = Demand(len(cmd.attempt.input_token_ids), cmd.attempt.output_tokens)
             choice = self.registry.choose(gen.model_version or cmd.attempt.model_version, demand,
-                                          self.queue_allowance_s(gen.tier), self.settings.worker_decode_tokens_per_s,
+                                          self.queue_allowance_s(), self.settings.worker_decode_tokens_per_s,
                                           now.timestamp(), exclude=frozenset({cmd.worker_id}))
         if choice is None:
             code, why = ("no_capacity", "no other worker has room") if cmd.attempt is not None else (
@@ -287,6 +382,23 @@ class Decider:
         start = cmd.attempt.model_copy(update={"epoch": epoch, "worker_id": choice.worker_id,
                                                "event_id": uuid.uuid4(), "occurred_at": now})
         return Effects(dispatch=[start], changelog=[moved])
+
+    def hold_again(self, state: PartitionState, gen: IdentityRecorded, order: StartAttempt,
+                   now: datetime) -> Effects:
+        """A batch attempt its worker refused (the room it was sent for was gone): held again as the next epoch,
+        ahead of later work, within the same completion window."""
+        held = gen.model_copy(update={"epoch": gen.epoch + 1, "worker_id": None, "dispatched_at": None,
+                                      "queued": True})
+        state.record(held)
+        ticket = HeldAttempt(plane=self.plane, tenant_id=gen.tenant_id, request_id=gen.request_id,
+                             generation_id=gen.generation_id, epoch=held.epoch, model_version=order.model_version,
+                             input_token_ids=order.input_token_ids, max_output_tokens=order.max_output_tokens,
+                             sampling=order.sampling, weight=order.weight,
+                             held_at=datetime.fromtimestamp(gen.admitted_s or now.timestamp(), now.tzinfo),
+                             expires_at=order.deadline_at)
+        state.hold(ticket)
+        state.order_held()
+        return Effects(changelog=[held, ticket])
 
     # -- ReleaseReservation ------------------------------------------------------------
     def release(self, state: PartitionState, cmd: ReleaseReservation, now: datetime) -> Effects:

@@ -55,10 +55,20 @@ class WorkerChoice:
     waits_for_kv: bool = False
 
 
+@dataclass(frozen=True)
+class Pending:
+    """A dispatch the worker's heartbeats do not count yet: the KV tokens it will reserve, the prompt it adds
+    to the worker's prefill queue, and when it was decided (unix seconds)."""
+
+    tokens: int
+    prompt_tokens: int
+    at: float
+
+
 @dataclass
 class WorkerView:
     heartbeat: WorkerHeartbeat
-    pending: dict[str, tuple[int, float]] = field(default_factory=dict)  # generation id -> (tokens, at)
+    pending: dict[str, "Pending"] = field(default_factory=dict)  # generation id -> a dispatch not yet counted
     # "<generation id>:<epoch>" -> send time of the latest heartbeat of this incarnation that listed it
     listed: dict[str, float] = field(default_factory=dict)
     # attempts an earlier incarnation listed: the restart lost them (until the controller ends them)
@@ -82,7 +92,12 @@ class WorkerView:
     @property
     def room_tokens(self) -> int:
         free = self.heartbeat.free_blocks * self.heartbeat.block_size
-        return free - sum(tokens for tokens, _ in self.pending.values())
+        return free - sum(p.tokens for p in self.pending.values())
+
+    @property
+    def queued_tokens(self) -> int:
+        """Prompt tokens waiting for prefill on the worker: its heartbeat's, and those dispatched since."""
+        return self.heartbeat.queued_tokens + sum(p.prompt_tokens for p in self.pending.values())
 
 
 class WorkerRegistry:
@@ -101,7 +116,7 @@ class WorkerRegistry:
             view.observe_listing(heartbeat)
             view.heartbeat = heartbeat
             sent = heartbeat.occurred_at.timestamp()
-            for gen_id in [g for g, (_, at) in view.pending.items() if at < sent - PENDING_GRACE_S]:
+            for gen_id in [g for g, p in view.pending.items() if p.at < sent - PENDING_GRACE_S]:
                 del view.pending[gen_id]
 
     def has_fenced(self, worker_id: str, generation_id: str, epoch: int | None) -> bool:
@@ -158,9 +173,9 @@ class WorkerRegistry:
         rate = hb.tokens_per_s or decode_tokens_per_s
         deficit = max(0, demand.tokens_on(hb) - view.room_tokens)
         if hb.prefill_step_ms and hb.max_batched_tokens:
-            prefill_s = math.ceil(hb.queued_tokens / hb.max_batched_tokens) * hb.prefill_step_ms / 1000
+            prefill_s = math.ceil(view.queued_tokens / hb.max_batched_tokens) * hb.prefill_step_ms / 1000
         else:
-            prefill_s = hb.queued_tokens / rate
+            prefill_s = view.queued_tokens / rate
         return prefill_s + deficit / rate, deficit > 0
 
     def candidates(self, model_version: str, demand: Demand, now: float, exclude: frozenset[str]):
@@ -198,7 +213,7 @@ class WorkerRegistry:
         """Count the tokens the worker will reserve for this attempt until its heartbeats show them."""
         view = self.workers.get(worker_id)
         if view is not None:
-            view.pending[generation_id] = (demand.tokens_on(view.heartbeat), now)
+            view.pending[generation_id] = Pending(demand.tokens_on(view.heartbeat), demand.prompt_tokens, now)
 
     def forget(self, worker_id: str | None, generation_id: str) -> None:
         view = self.workers.get(worker_id) if worker_id else None

@@ -4,8 +4,9 @@
                               └▶ transactional producer "<group>-p<p>" (init fences any previous owner)
     batch of commands[p] ─▶ Decider ─▶ one transaction: lifecycle + dispatch + replies + changelog[p]
                                                        + consumed offsets of commands[p]
-    every lease_check_interval ─▶ Interrupted for attempts their workers lost (leases.py), and tombstones
-                                  for identities past identity_ttl_s, per partition, transactional
+    every lease_check_interval ─▶ Interrupted for attempts their workers lost (leases.py), tombstones
+                                  for identities past identity_ttl_s, and held batch work handed to workers
+                                  with room (or expired past its window), per partition, transactional
 
 State is mutated before the commit; if a transaction fails the process stops
 (rather than continue with state the log does not hold), and the next owner
@@ -143,6 +144,8 @@ class Controller:
                         states[tp.partition].apply_changelog(item)
         finally:
             await consumer.stop()
+        for state in states.values():
+            state.order_held()
         return states
 
     # -- processing ------------------------------------------------------------------------
@@ -237,15 +240,20 @@ class Controller:
                 read_through = self.commands_read.of(TopicPartition(COMMANDS, p))
                 effects = self.decider.expire_leases(state, now, float("-inf") if read_through is None else read_through)
                 effects.extend(self.decider.expire_identities(state, now))
+                interrupted = len(effects.generations)
+                effects.extend(self.decider.dispatch_held(state, now))
                 if not effects:
                     continue
                 producer = self.producers[p]
                 async with producer.transaction():
                     await self.write(producer, p, effects)
-                self.metrics.interrupted.inc(len(effects.generations))
+                self.metrics.interrupted.inc(interrupted)
+                if len(effects.dispatch) > interrupted:
+                    log.info("held work dispatched partition=%d attempts=%d still_held=%d", p,
+                             len(effects.dispatch) - interrupted, len(state.held))
                 if effects.tombstones:
                     log.info("identities expired partition=%d count=%d", p, len(effects.tombstones))
-                for event in effects.generations:
+                for event in effects.generations[:interrupted]:
                     log.warning("attempt interrupted generation=%s epoch=%s worker=%s reason=%s", event.generation_id,
                                 event.epoch, getattr(event, "worker_id", None), getattr(event, "reason", None))
 

@@ -3,7 +3,9 @@
     PartitionState ── tenants: tenant id ─▶ TenantState
                    ├─ owners:  generation id ─▶ (tenant id, request id)
                    ├─ live:    generation id ─▶ (tenant id, request id)   active or canceling only
-                   └─ ending:  heap of (ended at, generation id)          identities due to expire
+                   ├─ ending:  heap of (ended at, generation id)          identities due to expire
+                   └─ held:    generation id ─▶ HeldAttempt                 batch work not yet dispatched,
+                                                                             oldest first
 
     TenantState ── generations: request id ─▶ IdentityRecorded (latest)
                 ├─ tokens_in_flight, concurrency, queued_tokens           counters over its live generations
@@ -23,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from schemas.changelog import IdentityRecorded, TenantBudgetState, identity_of_key
+from schemas.changelog import HeldAttempt, IdentityRecorded, TenantBudgetState, held_of_key, identity_of_key
 
 RATE_WINDOW_S = 60
 LIVE = ("active", "canceling")
@@ -110,6 +112,7 @@ class PartitionState:
     owners: dict[str, tuple[str, str]] = field(default_factory=dict)
     live: dict[str, tuple[str, str]] = field(default_factory=dict)
     ending: list[tuple[float, str]] = field(default_factory=list)
+    held: dict[str, HeldAttempt] = field(default_factory=dict)
 
     def tenant(self, tenant_id: str) -> TenantState:
         if tenant_id not in self.tenants:
@@ -174,14 +177,30 @@ class PartitionState:
         for tenant_id, request_id in list(self.live.values()):
             yield self.tenants[tenant_id].generations[request_id]
 
-    def apply_changelog(self, record: IdentityRecorded | TenantBudgetState) -> None:
+    def hold(self, attempt: HeldAttempt) -> None:
+        self.held[attempt.generation_id] = attempt
+
+    def release_held(self, generation_id: str) -> HeldAttempt | None:
+        return self.held.pop(generation_id, None)
+
+    def apply_changelog(self, record: IdentityRecorded | TenantBudgetState | HeldAttempt) -> None:
         if isinstance(record, IdentityRecorded):
             self.record(record)
+        elif isinstance(record, HeldAttempt):
+            self.hold(record)
         else:
             self.tenant(record.tenant_id).rate = dict(record.rate_buckets)
 
     def apply_tombstone(self, key: str, plane: str | None) -> None:
-        """A null value in the changelog: the identity under `key` expired (another plane's key: ignored)."""
+        """A null value in the changelog: the identity under `key` expired, or the held attempt under it left
+        the queue (another plane's key: ignored)."""
         identity = identity_of_key(key, plane)
         if identity is not None:
             self.forget(*identity)
+        held = held_of_key(key, plane)
+        if held is not None:
+            self.release_held(held)
+
+    def order_held(self) -> None:
+        """After a rebuild: the held queue oldest first, as it was before (records arrive in changelog order)."""
+        self.held = dict(sorted(self.held.items(), key=lambda item: item[1].held_at))

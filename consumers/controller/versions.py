@@ -47,15 +47,18 @@ class VersionPicker:
             return f"model version {name} {state}; `ledgerlm models qualify {name}` must pass before it is routed to"
         return f"no version of alias {describe(name, self.models.members(name))} has passed qualification"
 
+    def draw(self, candidates: dict[str, int]) -> str:
+        """One version drawn by weight (work the controller holds is pinned to its version at admission)."""
+        if len(candidates) == 1:
+            return next(iter(candidates))
+        return self.rng.choices(list(candidates), weights=list(candidates.values()))[0]
+
     def route(self, candidates: dict[str, int], demand: Demand, allowance_s: float, now: float,
               may_wait: bool = True) -> tuple[str, WorkerChoice] | None:
         """(version, worker) drawn by weight among the candidates that have a ready worker with room."""
         remaining = dict(candidates)
         while remaining:
-            if len(remaining) == 1:
-                version = next(iter(remaining))
-            else:
-                version = self.rng.choices(list(remaining), weights=list(remaining.values()))[0]
+            version = self.draw(remaining)
             choice = self.registry.choose(version, demand, allowance_s, self.decode_tokens_per_s, now,
                                           may_wait=may_wait)
             if choice is not None:

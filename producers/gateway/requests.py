@@ -16,7 +16,7 @@ from engine.limits import (
     MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_LOGPROBS, MAX_PENALTY, MAX_REPETITION_PENALTY, MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, MAX_STRUCTURED_CHARS, MIN_TEMPERATURE,
 )
-from schemas.values import StructuredSpec
+from schemas.values import MAX_COMPLETION_WINDOW_S, StructuredSpec
 
 MAX_CHOICES = 16  # n: choices of one prompt, each up to maxOutputTokens
 STOP_DOC = f"one string or a list of at most {MAX_STOP_STRINGS}, each at most {MAX_STOP_STRING_CHARS} characters"
@@ -139,6 +139,10 @@ class GenerationRequest(BaseModel):
     ignore_eos: bool = Field(default=False, alias="ignoreEos")
     min_tokens: int = Field(default=0, alias="minTokens", ge=0, strict=True)
     tier: Literal["interactive", "batch"] = "interactive"
+    # Batch only: how long the generation may wait for capacity before it expires (default: the tenant's
+    # window, else the platform's, 24 h); it can only shorten the tenant's window.
+    completion_window_s: int | None = Field(default=None, alias="completionWindowS", ge=60,
+                                            le=MAX_COMPLETION_WINDOW_S, strict=True)
     presence_penalty: float = Field(default=0.0, alias="presencePenalty", ge=-MAX_PENALTY, le=MAX_PENALTY)
     frequency_penalty: float = Field(default=0.0, alias="frequencyPenalty", ge=-MAX_PENALTY, le=MAX_PENALTY)
     repetition_penalty: float = Field(default=1.0, alias="repetitionPenalty", gt=0.0, le=MAX_REPETITION_PENALTY)
@@ -165,6 +169,8 @@ class GenerationRequest(BaseModel):
             raise ValueError("exactly one of 'input' or 'messages' is required")
         if self.min_tokens > self.max_output_tokens:
             raise ValueError("minTokens must not exceed maxOutputTokens")
+        if self.completion_window_s is not None and self.tier != "batch":
+            raise ValueError("completionWindowS applies to the batch tier only")
         return self
 
     @property

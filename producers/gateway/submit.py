@@ -57,7 +57,7 @@ def submit_command(admission: "AdmissionClient", plane: str, tenant_id: str, bod
         correlation_id=admission.correlation_id(), model_version=body.model,
         input_token_ids=prompt.token_ids, max_output_tokens=prompt.max_output_tokens, sampling=prompt.sampling,
         tier=body.tier, payload_hash=prompt.payload_hash, plane=plane, result_tokens=result_tokens,
-        stream_share=stream_share)
+        stream_share=stream_share, completion_window_s=body.completion_window_s)
 
 
 async def submit_generation(gateway: "Gateway", principal: Principal, body: GenerationRequest,

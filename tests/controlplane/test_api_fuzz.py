@@ -211,7 +211,7 @@ async def test_a_body_that_is_not_json_is_400_invalid_json(gateway_url, tenants)
 @pytest.mark.parametrize("field, value", [
     ("maxOutputTokens", 10**12), ("maxOutputTokens", -1), ("maxOutputTokens", 0), ("maxOutputTokens", 2.5),
     ("maxOutputTokens", "8"), ("maxOutputTokens", True), ("topK", -3), ("topK", 1.5), ("seed", -1),
-    ("temperature", -0.5), ("mystery", 1),
+    ("temperature", -0.5), ("mystery", 1), ("completionWindowS", 30), ("completionWindowS", "24h"),
 ])
 async def test_bad_fields_are_400_naming_the_field(gateway_url, tenants, versions, field, value):
     request = {**body(model=versions["served"]), field: value}
