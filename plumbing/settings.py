@@ -75,9 +75,11 @@ class Settings(BaseSettings):
                                            "generation waits for capacity this long before it expires (a tenant's "
                                            "`batch_completion_window_s` or the request's `completionWindowS` may "
                                            "shorten it); it is never refused for load")
-    batch_dispatch_wait_ms: int = Field(default=1000, ge=0, description="a batch attempt is handed to a worker "
+    batch_dispatch_wait_ms: int = Field(default=4000, ge=0, description="a batch attempt is handed to a worker "
                                         "only while that worker could start it within this (KV room now, a short "
-                                        "prefill queue); until then the controller holds it")
+                                        "prefill queue, which the engine serves after interactive prompts): a few "
+                                        "heartbeats of work, so the engine does not idle between dispatches; "
+                                        "until then the controller holds it")
     worker_decode_tokens_per_s: float = Field(default=200.0, gt=0, description="queue-time estimate for routing")
     retry_after_ms: int = Field(default=1000, ge=1, description="base Retry-After for 429/503, jittered up to +50%")
     max_refusals: int = Field(default=2, ge=0, description="reroutes after worker refusals before Rejected")

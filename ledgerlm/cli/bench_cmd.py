@@ -49,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_overhead(bench)
     from ledgerlm.cli.bench_efficiency_cmd import register_efficiency  # the platform vs its engine (issue 25)
     register_efficiency(bench)
+    from ledgerlm.cli.bench_batch_cmd import register_batch  # the batch tier's completion window (issue 26)
+    register_batch(bench)
     from ledgerlm.cli.bench_audit_cmd import register_audit  # audit replay speed (issue 18)
     register_audit(bench)
     from ledgerlm.cli.bench_intake_cmd import register_intake  # Kafka-native client API (issue 17)
