@@ -141,8 +141,8 @@ async def ledgerlm_platform(model_dir: Path, tenants: list[TenantSpec], workdir:
 
 
 def worker_kv_blocks(model_dir: Path, block_size: int = 16, cache_bytes: int = WORKER_KV_CACHE_BYTES) -> int:
-    """A KV pool of `cache_bytes` (default the serving bench's worker's) in blocks, over DESIGN.md's bytes per
-    token (float32)."""
+    """A KV pool of `cache_bytes` (default the serving bench's worker's) in blocks, over the bytes per token of
+    docs/design-rules.md (float32)."""
     import json
 
     config = json.loads((model_dir / "config.json").read_text())

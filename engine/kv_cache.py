@@ -13,7 +13,7 @@ import torch
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """DESIGN.md §1: 2 (key and value) x layers x kv_heads x head_dim x bytes per element."""
+    """docs/design-rules.md (Words): 2 (key and value) x layers x kv_heads x head_dim x bytes per element."""
     return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 

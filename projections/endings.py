@@ -84,7 +84,7 @@ def end(conn: psycopg.Connection, endings: list[Ending]) -> None:
 
 
 def end_reason_of(e: Envelope) -> str:
-    """The client-facing end reason (DESIGN.md §4): completed, output-limit, canceled, interrupted, ..."""
+    """The client-facing end reason (docs/streams.md): completed, output-limit, canceled, interrupted, ..."""
     if isinstance(e, Completed):
         return "output-limit" if e.finish_reason == "length" else "completed"
     return TERMINAL_STATUS[type(e)]

@@ -1,4 +1,4 @@
-"""The single source of topic names, keys, record types and configs (DESIGN.md §3).
+"""The single source of topic names, keys, record types and configs (docs/architecture.md, Topics).
 
     topic                   key             cleanup   retention
     llm.commands            tenant id       delete    30 d

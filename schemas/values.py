@@ -9,7 +9,7 @@ from schemas.envelope import Value
 
 Tier = Literal["interactive", "batch"]
 
-# How a generation ended, as the client sees it (DESIGN.md §4, the stream's final event).
+# How a generation ended, as the client sees it (docs/streams.md, the stream's final event).
 EndReason = Literal["completed", "output-limit", "canceled", "interrupted", "expired", "failed", "rejected"]
 
 

@@ -3,7 +3,7 @@
 A heartbeat is up to one interval old, so capacity the controller handed out
 since then is held as `pending` and subtracted until a heartbeat sent well
 after the dispatch has had the chance to count it. The worker still reserves
-atomically and refuses when the estimate was wrong (DESIGN.md §4 step 3).
+atomically and refuses when the estimate was wrong (docs/architecture.md, the life of a generation, step 3).
 
 Heartbeats also list the attempts a worker holds, under an incarnation id
 that is new with every process. An attempt is lost (`lost_reason`) when an

@@ -2,7 +2,7 @@
 
 float32 throughout: with this model's weights the gap between the top two
 logits stays far above float32 rounding, so greedy parity does not need
-float64 (see FACTS.md; a tie would show up as a parity failure, not a flake).
+float64 (see docs/engine.md, Testing; a tie would show up as a parity failure, not a flake).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ BLOCK = 16
 
 
 def kv_bytes_per_token_f32(artifacts) -> int:
-    """DESIGN.md §1 formula written out independently of engine.kv_cache."""
+    """The bytes-per-token formula of docs/design-rules.md, written out independently of engine.kv_cache."""
     d = artifacts.dims
     return 2 * d.num_layers * d.num_kv_heads * d.head_dim * 4
 

@@ -1,4 +1,4 @@
-"""Dependencies point one way (STYLE.md): engine/schemas at the bottom, the shared plumbing above them, the
+"""Dependencies point one way (docs/style.md, rule 2): engine/schemas at the bottom, the shared plumbing above them, the
 roles above that, and the CLI package (`ledgerlm`) on top as the only composition root."""
 from __future__ import annotations
 
