@@ -61,29 +61,38 @@ class Outcomes:
         from schemas.topics import GENERATIONS
 
         self.wanted: set[str] = set()
-        self.ended: dict[str, str] = {}
+        self.ended: dict[str, tuple[str, int, float]] = {}  # generation id -> (terminal type, output tokens, at)
         self.repeats = 0
-        self.output_tokens = 0
-        self.last_end: float | None = None
         self.follower = Follower(bootstrap, [GENERATIONS], self.on_event, start="end", client_id="bench-batch")
 
     def on_event(self, topic: str, event) -> None:
-        if event.type not in TERMINAL or event.generation_id not in self.wanted:
+        """Every terminal event is kept: the first ones arrive before the burst's ids are all known."""
+        if event.type not in TERMINAL:
             return
         if event.generation_id in self.ended:
             self.repeats += 1
             return
-        self.ended[event.generation_id] = event.type
         usage = getattr(event, "usage", None)
-        self.output_tokens += usage.generated_output_tokens if usage is not None else 0
-        self.last_end = time.monotonic()
+        self.ended[event.generation_id] = (event.type, usage.generated_output_tokens if usage is not None else 0,
+                                           time.monotonic())
 
     def done(self) -> bool:
         return self.wanted <= set(self.ended)
 
+    def mine(self) -> list[tuple[str, int, float]]:
+        return [self.ended[g] for g in self.wanted if g in self.ended]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(tokens for _, tokens, _ in self.mine())
+
+    @property
+    def last_end(self) -> float | None:
+        return max((at for _, _, at in self.mine()), default=None)
+
     def counts(self) -> dict[str, int]:
         counts = dict.fromkeys(TERMINAL, 0)
-        for kind in self.ended.values():
+        for kind, _, _ in self.mine():
             counts[kind] += 1
         return {kind.lower(): n for kind, n in counts.items()}
 

@@ -93,7 +93,8 @@ def serve(args: argparse.Namespace, settings: Settings) -> bool:
         print(f"ports: {stack.ports}")
     if args.detach:
         return True
-    print("serving; Ctrl-C stops everything", file=sys.stderr, flush=True)
+    print("serving; Ctrl-C stops the roles (and the services this command started; those started by "
+          "`make services` stay up until `make down`)", file=sys.stderr, flush=True)
     while read_stack(settings) is not None:  # a `ledgerlm down` elsewhere ends this wait too
         time.sleep(1)
     return False

@@ -61,7 +61,7 @@ def test_up_with_two_of_each_role_serves_on_both_gateways_and_sigterm_stops_them
     log = tmp_path / "up.log"
     up = start_up(up_env, log, "--gateways", "2", "--workers", "2", "--controllers", "2", "--projectors", "2")
     try:
-        wait_for(lambda: "serving; Ctrl-C stops everything" in log.read_text(), 300, "the stack to serve", log)
+        wait_for(lambda: "serving; Ctrl-C stops the roles" in log.read_text(), 300, "the stack to serve", log)
         stack = read_stack(settings)
         names = {f"{kind}-{i}" for kind in ("controller", "worker", "projector", "gateway") for i in (1, 2)}
         assert set(stack.pids) == set(stack.ports) == names | {"intake-1"}
