@@ -138,11 +138,14 @@ async def run_batch_bench(model_dir: Path, config: BatchConfig, workdir: Path) -
         await outcomes.follower.start()
         following = asyncio.create_task(outcomes.follower.run())
         try:
+            chats = None
+            if config.interactive:
+                chats = Prompts(model_dir, CapacityConfig(levels=(config.interactive,), duration_s=config.interactive_s,
+                                                          drain_s=60, mixes=("a",)))("a", config.interactive)
             load, began = load_average(), time.monotonic()
             sweep = None
-            if config.interactive:
-                prompts = Prompts(model_dir, CapacityConfig())
-                sweep = asyncio.create_task(closed_loop(platform.target, prompts("a", config.interactive),
+            if chats is not None:
+                sweep = asyncio.create_task(closed_loop(platform.target, chats,
                                                         MIXES["a"], config.interactive, config.interactive_s, 60))
             responses = await post_burst(platform, config)
             posted_s = time.monotonic() - began

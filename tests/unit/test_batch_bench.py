@@ -1,0 +1,39 @@
+"""The batch bench's bookkeeping: outcomes that arrive before the burst's ids are known, and the busy share."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from bench.batch_bench import Outcomes, busy_share, batch_input
+
+
+def outcomes() -> Outcomes:
+    tracker = Outcomes.__new__(Outcomes)  # no follower: events are fed by hand
+    tracker.wanted, tracker.ended, tracker.repeats = set(), {}, 0
+    return tracker
+
+
+def event(kind: str, gen_id: str, tokens: int = 4):
+    return SimpleNamespace(type=kind, generation_id=gen_id, usage=SimpleNamespace(generated_output_tokens=tokens))
+
+
+def test_an_end_read_before_the_burst_ids_are_known_still_counts_and_a_repeat_is_counted_apart():
+    tracker = outcomes()
+    tracker.on_event("llm.generations", event("Completed", "g1"))  # before the POSTs have all returned
+    tracker.on_event("llm.generations", event("TokensEmitted", "g2"))
+    tracker.wanted = {"g1", "g2"}
+    assert not tracker.done()
+    tracker.on_event("llm.generations", event("Expired", "g2", tokens=0))
+    tracker.on_event("llm.generations", event("Completed", "g1"))
+    tracker.on_event("llm.generations", event("Completed", "other"))  # not ours
+    assert tracker.done() and tracker.repeats == 1 and tracker.output_tokens == 4
+    assert (tracker.counts()["completed"], tracker.counts()["expired"]) == (1, 1)
+
+
+def test_the_busy_share_starts_at_the_first_heartbeat_showing_work():
+    samples = [{"running": 0}, {"running": 0}, {"running": 5}, {"running": 0}, {"running": 2}, {"running": 1}]
+    assert busy_share(samples) == 0.75
+    assert busy_share([{"running": 0}]) is None
+
+
+def test_burst_inputs_differ_so_the_prefix_cache_does_not_serve_them():
+    assert len({batch_input(i) for i in range(100)}) == 100
