@@ -1,7 +1,8 @@
 """One connection's share of a stream: a bounded queue between the source and the client, and the SSE
 and WebSocket transports that drain it.
 
-    source ──fill──▶ bounded queue (at most stream_queue_events) ──▶ SSE body / WebSocket ──▶ one client
+    source ──fill──▶ bounded queue ──▶ SSE body / WebSocket ──▶ one client
+                     (at most stream_queue_events)
 
 The queue bounds what one connection can make the server hold: the source stops
 at the bound and the stream ends with a `slow_consumer` error naming the last
