@@ -29,7 +29,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineError, RequestError
 from engine.kv_cache import KVCacheSpec
 from engine.kv_sizing import KVPoolSize, cpu_pool_bytes, gpu_pool_bytes, mem_available_bytes
-from engine.limits import check_sampling
+from engine.checks import check_sampling
 from engine.llama import LlamaModel, LlamaWeights
 from engine.model_runner import ModelRunner, SampledToken
 from engine.prefix_hash import compatibility_key, extend_block_hashes

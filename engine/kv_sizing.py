@@ -11,14 +11,10 @@ that does not start.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import EngineError
-
-UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-         "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
 
 @dataclass(frozen=True)
@@ -36,19 +32,6 @@ class KVPoolSize:
 
     num_bytes: int
     how: str
-
-
-def parse_bytes(text: str | int) -> int | None:
-    """'auto' -> None; '2GiB', '64 MiB', '1500000' -> bytes. ValueError names the text otherwise."""
-    if isinstance(text, int):
-        return text
-    cleaned = text.strip().lower()
-    if cleaned == "auto":
-        return None
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]*)", cleaned)
-    if match is None or match.group(2) not in UNITS:
-        raise ValueError(f"{text!r} is not a size (use 'auto', bytes, or a number with KiB/MiB/GiB)")
-    return int(float(match.group(1)) * UNITS[match.group(2)])
 
 
 def mem_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:

@@ -1,3 +1,3 @@
 """Shared plumbing below the roles: Kafka clients and followers (`kafka`), the one `Settings` object
 (`settings`) and metrics/health endpoints (`telemetry`). Gateways, controllers, workers, projectors and
-benches import it; it imports only `schemas` and `engine`, never a role or the CLI."""
+benches import it; it imports only `schemas`, never the engine, a role or the CLI."""

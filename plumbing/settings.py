@@ -1,8 +1,8 @@
 """The one configuration object of ledgerlm (environment prefix `LEDGERLM_`)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
-
 from typing import Literal
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
@@ -11,6 +11,25 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from plumbing.kafka.access import SaslMechanism, SecurityProtocol
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+         "kb": 10**3, "mb": 10**6, "gb": 10**9}
+
+
+def parse_bytes(text: str | int) -> int | None:
+    """'auto' -> None; '2GiB', '64 MiB', '1500000' -> bytes. ValueError names the text otherwise.
+
+    A size as an operator writes it (LEDGERLM_WORKER_KV_CACHE_BYTES): read where the setting is checked,
+    so the engine only ever takes bytes."""
+    if isinstance(text, int):
+        return text
+    cleaned = text.strip().lower()
+    if cleaned == "auto":
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]*)", cleaned)
+    if match is None or match.group(2) not in UNITS:
+        raise ValueError(f"{text!r} is not a size (use 'auto', bytes, or a number with KiB/MiB/GiB)")
+    return int(float(match.group(1)) * UNITS[match.group(2)])
 
 
 class Settings(BaseSettings):
@@ -177,11 +196,14 @@ class Settings(BaseSettings):
     @field_validator("worker_kv_cache_bytes", mode="before")
     @classmethod
     def _kv_size(cls, value: object) -> str:
-        from engine.kv_sizing import parse_bytes
-
         text = str(value)
         parse_bytes(text)  # ValueError names the text
         return text
+
+    @property
+    def worker_kv_pool_bytes(self) -> int | None:
+        """The worker's KV pool in bytes for the engine; None for `auto` (the engine sizes it from the machine)."""
+        return parse_bytes(self.worker_kv_cache_bytes)
 
     @property
     def state_file(self) -> Path:

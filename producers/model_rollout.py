@@ -81,9 +81,7 @@ def run_golden_prompts(registered: ModelVersionRegistered, settings: Settings,
     root = model_dir or registered.source_uri
     if not root:
         raise RolloutError(f"{registered.model_version} has no registered location; pass its directory")
-    from engine.kv_sizing import parse_bytes
-
-    config = EngineConfig(kv_cache_bytes=parse_bytes(settings.worker_kv_cache_bytes), device="cpu", dtype="float32",
+    config = EngineConfig(kv_cache_bytes=settings.worker_kv_pool_bytes, device="cpu", dtype="float32",
                           expected_checksums=registered.checksums)
     return run_golden(Engine(root, config), load_golden(root, checksum))
 

@@ -12,9 +12,9 @@ log = logging.getLogger(__name__)
 def engine_config(settings: Settings, checksums=None, weights: dict[str, float] | None = None):
     """The worker's engine settings: pool size (`auto` or bytes), reservation policy, limits."""
     from engine.config import EngineConfig
-    from engine.kv_sizing import MemoryPolicy, parse_bytes
+    from engine.kv_sizing import MemoryPolicy
 
-    return EngineConfig(kv_cache_bytes=parse_bytes(settings.worker_kv_cache_bytes),
+    return EngineConfig(kv_cache_bytes=settings.worker_kv_pool_bytes,
                         reservation=settings.worker_reservation, max_num_seqs=settings.worker_max_num_seqs,
                         max_model_len=settings.worker_max_model_len, device=settings.worker_device,
                         tenant_weights=weights if weights is not None else {}, expected_checksums=checksums,

@@ -1,58 +1,34 @@
-"""A worker's heartbeats: capacity, load and every attempt it holds, sent every interval; a worker that
-cannot send them for a lease fences itself, since the controller has given its attempts up by then.
-Its upkeep (overdue and waiting attempts) runs beside them, never in their way."""
+"""A worker's heartbeats: capacity, load and every attempt it holds (`Worker.heartbeat`), sent every interval;
+a worker that cannot send them for a lease fences itself, since the controller has given its attempts up by
+then. Its upkeep (overdue and waiting attempts, `DispatchOrders._upkeep`) runs beside them, never in their way."""
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
 import time
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from consumers.worker.engine_thread import EngineStopped
-from schemas.registry_events import MAX_LISTED_ATTEMPTS, WorkerHeartbeat
-
-if TYPE_CHECKING:
-    from consumers.worker.runtime import Worker
+from consumers.worker.engine_thread import EngineStopped, EngineThread
+from plumbing.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-def held(worker: "Worker") -> tuple[str, ...] | None:
-    """"<generation>:<epoch>" of every attempt the worker holds (running, ending, waiting for room), or None
-    past MAX_LISTED_ATTEMPTS. An attempt leaves the list once its release is acknowledged (or it was given
-    up, when `fenced` names it instead)."""
-    listed = [f"{a.start.generation_id}:{a.start.epoch}" for a in worker.attempts.values() if not a.fenced]
-    listed += [f"{o.generation_id}:{o.epoch}" for o in worker.waiting]
-    return tuple(listed) if len(listed) <= MAX_LISTED_ATTEMPTS else None
+class Leaseholder(Protocol):
+    """What the heartbeats need of their worker: who it is, when a heartbeat was last acknowledged, how to
+    send one, to fence itself, and whether a drain has ended all its work."""
 
+    settings: Settings
+    worker_id: str
+    last_heartbeat_ok: float
 
-def heartbeat_of(worker: "Worker", alive: bool = True) -> WorkerHeartbeat:
-    thread = worker._thread  # noqa: SLF001 -- the worker's engine thread, read for its liveness and rate
-    queued = sum(len(a.start.input_token_ids) for a in worker.attempts.values() if not a.started_output)
-    settings = worker.settings
-    return WorkerHeartbeat(worker_id=worker.worker_id, model_versions=(worker.model.model_version,),
-                           total_blocks=worker.total_blocks, free_blocks=worker.free_blocks,
-                           block_size=worker.block_size, running=len(worker.attempts) + len(worker.waiting),
-                           queued_tokens=queued + worker.waiting.queued_tokens,
-                           draining=worker.draining, lease_ms=settings.lease_ms,
-                           alive=alive and (thread is None or thread.alive),
-                           stale_commands=worker.stale_commands, plane=settings.controller_group,
-                           fenced=tuple(f"{g}:{e}" for g, e in sorted(worker.self_fenced.items())),
-                           reservation=worker.engine.config.reservation,
-                           headroom_tokens=settings.worker_headroom_tokens if worker.optimistic else 0,
-                           tokens_per_s=thread.tokens_per_s if thread is not None else None,
-                           prefill_step_ms=thread.prefill_step_s * 1000
-                           if thread is not None and thread.prefill_step_s else None,
-                           max_batched_tokens=worker.engine.config.max_num_batched_tokens,
-                           incarnation=worker.incarnation, attempts=held(worker),
-                           dispatch_read_through=read_through_at(worker))
+    @property
+    def drained(self) -> bool: ...
 
+    async def send_heartbeat(self) -> asyncio.Future: ...
 
-def read_through_at(worker: "Worker") -> datetime | None:
-    at = worker.dispatch_read.read_through(worker.consumer)
-    return None if at is None else datetime.fromtimestamp(at, UTC)
+    def fence_all(self) -> None: ...
 
 
 # A worker whose heartbeats nobody has acknowledged for this many leases gives its attempts up even while
@@ -71,7 +47,7 @@ class HeartbeatAcks:
     the worker keeps its work. It fences when every heartbeat of the horizon failed, or when nothing has been
     acknowledged for GIVE_UP_LEASES leases."""
 
-    def __init__(self, worker: "Worker") -> None:
+    def __init__(self, worker: Leaseholder) -> None:
         self.worker = worker
         self.in_flight: dict[asyncio.Future, float] = {}
         interval = worker.settings.heartbeat_interval_ms / 1000
@@ -101,20 +77,20 @@ class HeartbeatAcks:
         return now - max([acked, *self.in_flight.values()]) > self.fence_after
 
 
-async def heartbeat_loop(worker: "Worker") -> None:
+async def heartbeat_loop(worker: Leaseholder, thread: EngineThread) -> None:
     """Until a drain has ended every attempt: heartbeat, and self-fence once the controller may have given
-    the lease up (`HeartbeatAcks`).
+    the lease up (`HeartbeatAcks`); a dead engine `thread` stops the worker (`EngineStopped`).
 
     A worker with about 1,000 attempts on it fenced itself in `bench intake` (10,000 requests): its heartbeat
     sends timed out although the broker was there, and the upkeep of waiting attempts ran in this loop too.
-    So nothing else runs here (the upkeep is `upkeep_loop`), and an acknowledgement is awaited by a callback,
+    So nothing else runs here (the upkeep runs beside it), and an acknowledgement is awaited by a callback,
     never cut short. A fleet of test workers fenced itself on a loaded machine (`ConnectionError`s while the
     broker was starved): a heartbeat still on its way now holds the lease as the controller would.
     """
     interval = worker.settings.heartbeat_interval_ms / 1000
     acks = HeartbeatAcks(worker)
     while True:
-        if not worker._thread.alive:  # noqa: SLF001
+        if not thread.alive:
             raise EngineStopped(f"the engine thread of {worker.worker_id} died")
         sent_at = time.monotonic()
         try:
@@ -123,17 +99,6 @@ async def heartbeat_loop(worker: "Worker") -> None:
             log.warning("heartbeat failed worker=%s error=%s", worker.worker_id, type(exc).__name__)
         if acks.must_fence(time.monotonic()):
             worker.fence_all()
-        if worker.draining and not worker.attempts and not worker.has_ends_in_flight and not worker.waiting:
+        if worker.drained:
             return
-        await asyncio.sleep(interval)
-
-
-async def upkeep_loop(worker: "Worker") -> None:
-    """Every heartbeat interval: give up attempts past their maximum run time, end waiting attempts whose
-    deadline passed and start those that fit (deadlines pass even when nothing finishes)."""
-    interval = worker.settings.heartbeat_interval_ms / 1000
-    while True:
-        worker.abort_overdue(time.monotonic())
-        if worker.waiting:
-            await worker.start_waiting()
         await asyncio.sleep(interval)

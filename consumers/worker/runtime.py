@@ -1,27 +1,15 @@
 """The worker process: one engine, its attempts, heartbeats and every event of its generations.
 
-    llm.dispatch[partition of worker id] ─▶ StartAttempt: reserve KV or refuse ─▶ AttemptStarted
-                                          ─▶ CancelAttempt(epoch) / DrainWorker
-    engine thread outputs ─▶ TokensEmitted (seq from 1) and UsageReported every N tokens / T ms, each sent once
-                             the TokensEmitted it counts are acknowledged (reports.py)
-    end ─▶ stream acked ─▶ final UsageReported + terminal, acked ─▶ StreamFinished ─▶ ReleaseReservation
+    llm.dispatch[partition of worker id] ─▶ orders (orders.py): StartAttempt, CancelAttempt(epoch), DrainWorker
+    engine thread outputs ─▶ stream events, watermarks, the end and the release (writer.py)
     every heartbeat interval ─▶ WorkerHeartbeat (incarnation, attempts held); no acknowledged heartbeat for
                                 a lease ─▶ self-fence; an attempt past max_attempt_s + a lease ─▶ given up
 
-Reservation is worker-side accounting over the whole block pool. Optimistic
-(the default): an attempt is accepted when its prompt plus a headroom fits
-what is neither reserved nor in use (less a free-block watermark); its blocks
-grow with its output and, when the pool runs dry, the engine preempts by
-recompute (batch first, then lowest weight, newest first). Full: prompt + max
-output up front, never preempted. An attempt that does not fit yet waits here
-(interactive ahead of batch) until its deadline, then ends `expired`, unbilled.
-Refusals go back to the controller on `llm.commands`; one that cannot be sent
-is given up in the heartbeats (`fenced`) instead, and one dispatch record that
-fails never stops the dispatch loop. So is an attempt whose AttemptStarted,
-stream event or watermark was not delivered (sends.py), and one whose end
-could not be written: the controller then ends it Interrupted and releases
-its budget. Heartbeats list every attempt held under this process's
-incarnation id, so a restart under the same worker id loses nothing silently.
+The KV pool is reserved by the worker's own accounting (capacity.py). An
+attempt given up (`fenced`) is named in the heartbeats: the controller then
+ends it Interrupted and releases its budget. Heartbeats list every attempt
+held under this process's incarnation id, so a restart under the same worker
+id loses nothing silently.
 
 If the engine thread dies, the next heartbeat says `alive=false` and the worker
 exits (`EngineStopped`, a non-zero exit): the controller interrupts its attempts
@@ -35,35 +23,31 @@ import time
 import uuid
 from datetime import UTC, datetime
 
-
-from plumbing.kafka.clients import Kafka, make_consumer, make_producer
-from plumbing.kafka.clients import partitions_of
-from plumbing.kafka.follower import ReadThrough, partition_for
-from consumers.worker.attempts import (
-    FINISHES, Attempt, attempt_id_of, blocks_for, choice_of, engine_requests, monotonic_of, refusal, terminal_event,
-)
+from consumers.worker.attempts import Attempt
+from consumers.worker.capacity import KVAccounting
 from consumers.worker.engine_setup import engine_config, load_engine  # noqa: F401 -- callers import them here
 from consumers.worker.engine_thread import EngineThread
-from consumers.worker.heartbeats import heartbeat_loop, heartbeat_of, upkeep_loop
-from consumers.worker.measure import observe_output
-from consumers.worker.sends import acked, watched
+from consumers.worker.heartbeats import heartbeat_loop
+from consumers.worker.orders import DispatchOrders
 from consumers.worker.waiting import WaitingQueue
-from engine.request import FinishReason, RequestOutput
+from consumers.worker.writer import AttemptWriter
+from engine.request import RequestOutput
+from plumbing.kafka.clients import Kafka, make_consumer, make_producer, partitions_of
+from plumbing.kafka.follower import ReadThrough, partition_for
 from plumbing.settings import Settings
 from plumbing.telemetry.metrics import WorkerMetrics
 from plumbing.telemetry.server import Readiness, RoleServer
-from schemas.codec import DecodeError, decode, encode, record_headers, record_key
-from schemas.commands import ReleaseReservation
-from schemas.dispatch import CancelAttempt, DrainWorker, StartAttempt
-from schemas.lifecycle import AttemptStarted, Canceled, Expired, UsageReported
-from schemas.registry_events import ModelVersionRegistered, WorkerHeartbeat
-from schemas.stream import StreamFinished, TokensEmitted
-from schemas.topics import COMMANDS, DISPATCH, GENERATIONS, TOKENS, WORKERS
+from schemas.codec import encode
+from schemas.registry_events import MAX_LISTED_ATTEMPTS, ModelVersionRegistered, WorkerHeartbeat
+from schemas.topics import DISPATCH, WORKERS
 
 log = logging.getLogger(__name__)
 
 
-class Worker:
+class Worker(KVAccounting, DispatchOrders, AttemptWriter):
+    """One engine's worker: its state lives here, its parts each in their module (capacity.py, orders.py,
+    writer.py); here are its lifecycle, its heartbeat and its fencing."""
+
     def __init__(self, settings: Settings, kafka: Kafka, model: ModelVersionRegistered, engine,
                  worker_id: str | None = None) -> None:
         self.settings = settings
@@ -105,56 +89,42 @@ class Worker:
                               time.monotonic() - self.last_heartbeat_ok) * 1000 < self.settings.lease_ms,
                           "accepting": not self.draining})
 
-    # -- capacity ------------------------------------------------------------------------
-    @property
-    def reserved_blocks(self) -> int:
-        return sum(a.reserved_blocks for a in self.attempts.values())
-
-    @property
-    def watermark_blocks(self) -> int:
-        return int(self.total_blocks * self.settings.worker_free_block_watermark) if self.optimistic else 0
-
-    @property
-    def optimistic(self) -> bool:
-        return self.engine.config.reservation == "optimistic"
-
-    @property
-    def free_blocks(self) -> int:
-        """Blocks a new attempt may reserve: neither reserved nor in use by growing sequences, less the watermark."""
-        used = self._thread.stats.num_blocks_used if self._thread is not None else 0
-        return max(0, self.total_blocks - self.watermark_blocks - max(self.reserved_blocks, used))
-
-    def blocks_needed(self, order: StartAttempt) -> int:
-        """What accepting `order` reserves: prompt + headroom (optimistic) or prompt + max output (full)."""
-        output = order.max_output_tokens
-        if self.optimistic:
-            output = min(output, self.settings.worker_headroom_tokens)
-        return blocks_for(len(order.input_token_ids) + output * order.sampling.n, self.block_size)
-
     def heartbeat(self, alive: bool = True) -> WorkerHeartbeat:
-        return heartbeat_of(self, alive)
+        """What the controller routes by and counts this worker's lease from: capacity, load, rate, and every
+        attempt held or given up."""
+        thread = self._thread
+        queued = sum(len(a.start.input_token_ids) for a in self.attempts.values() if not a.started_output)
+        settings = self.settings
+        return WorkerHeartbeat(worker_id=self.worker_id, model_versions=(self.model.model_version,),
+                               total_blocks=self.total_blocks, free_blocks=self.free_blocks,
+                               block_size=self.block_size, running=len(self.attempts) + len(self.waiting),
+                               queued_tokens=queued + self.waiting.queued_tokens,
+                               draining=self.draining, lease_ms=settings.lease_ms,
+                               alive=alive and (thread is None or thread.alive),
+                               stale_commands=self.stale_commands, plane=settings.controller_group,
+                               fenced=tuple(f"{g}:{e}" for g, e in sorted(self.self_fenced.items())),
+                               reservation=self.engine.config.reservation,
+                               headroom_tokens=settings.worker_headroom_tokens if self.optimistic else 0,
+                               tokens_per_s=thread.tokens_per_s if thread is not None else None,
+                               prefill_step_ms=thread.prefill_step_s * 1000
+                               if thread is not None and thread.prefill_step_s else None,
+                               max_batched_tokens=self.engine.config.max_num_batched_tokens,
+                               incarnation=self.incarnation, attempts=self.held(),
+                               dispatch_read_through=self.read_through_at())
 
-    # -- publishing ------------------------------------------------------------------------
-    async def send(self, topic: str, event) -> asyncio.Future:
-        return await self.producer.send(topic, value=encode(event), key=record_key(topic, event),
-                                        headers=record_headers(event))
+    def held(self) -> tuple[str, ...] | None:
+        """"<generation>:<epoch>" of every attempt the worker holds (running, ending, waiting for room), or None
+        past MAX_LISTED_ATTEMPTS. An attempt leaves the list once its release is acknowledged (or it was given
+        up, when `fenced` names it instead)."""
+        listed = [f"{a.start.generation_id}:{a.start.epoch}" for a in self.attempts.values() if not a.fenced]
+        listed += [f"{o.generation_id}:{o.epoch}" for o in self.waiting]
+        return tuple(listed) if len(listed) <= MAX_LISTED_ATTEMPTS else None
 
-    async def send_for(self, attempt: Attempt, topic: str, event) -> asyncio.Future | None:
-        """A record of a running attempt, watched: if it is not delivered, the attempt is given up."""
-        return await watched(self.send, topic, event,
-                             lambda exc: self.give_up(attempt, f"undelivered {event.type}", exc))
+    def read_through_at(self) -> datetime | None:
+        at = self.dispatch_read.read_through(self.consumer)
+        return None if at is None else datetime.fromtimestamp(at, UTC)
 
-    async def report_usage(self, attempt: Attempt, now: float) -> None:
-        """A watermark of what the stream has carried, sent once those stream events are on the log (reports.py)."""
-        await self.flush(attempt, now)
-        report = UsageReported(**attempt.scoped, report_seq=attempt.next_report(now), usage=attempt.usage)
-
-        async def send() -> None:
-            if not attempt.fenced:  # given up meanwhile: nothing more is published for it
-                await self.send_for(attempt, GENERATIONS, report)
-
-        await attempt.deliveries.report(send, self._reports)
-
+    # -- fencing ----------------------------------------------------------------------------
     def give_up(self, attempt: Attempt, why: str, exc: BaseException | None = None) -> None:
         """Stop a running attempt and name it in the heartbeats (`fenced`): the controller ends it Interrupted at
         its last delivered watermark and releases its budget. An attempt already ending writes its own end."""
@@ -165,276 +135,6 @@ class Worker:
         attempt.fenced = True
         self.self_fenced[attempt.start.generation_id] = attempt.start.epoch
         self._thread.abort(attempt.request_id)
-
-    # -- dispatch ----------------------------------------------------------------------------
-    async def on_start(self, order: StartAttempt, accepted: bool = False) -> None:
-        """Reserve and run, queue (batch tier), or refuse. `accepted`: already queued here, a drain keeps it."""
-        request_id = f"{order.generation_id}#{order.epoch}"
-        if request_id in self.attempts:
-            return  # a redelivered order for an attempt already running here
-        need = self.blocks_needed(order)
-        if self.waiting.find(order.generation_id, order.epoch) is not None:
-            return
-        if order.deadline_at <= datetime.now(UTC):
-            await self.end_unstarted(order, "expired")  # arrived (or was queued) past the time it had to start
-            return
-        reason = "draining" if self.draining and not accepted else ("kv-full" if need > self.free_blocks else None)
-        if reason == "kv-full" and need <= self.total_blocks - self.watermark_blocks:
-            # Routed here on the controller's predicted wait: it starts when running work frees room.
-            self.waiting.add(order)
-            log.info("attempt queued generation=%s epoch=%d tier=%s need_blocks=%d free_blocks=%d waiting=%d",
-                     order.generation_id, order.epoch, order.tier, need, self.free_blocks, len(self.waiting))
-            return
-        requests = []
-        if reason is None:
-            remaining_s = (order.deadline_at - datetime.now(UTC)).total_seconds()
-            try:
-                requests = engine_requests(order, request_id, time.monotonic() + remaining_s)
-            except ValueError:  # values the gateway refuses, arriving through Kafka anyway
-                reason = "invalid-sampling"
-        if reason is not None:
-            self.metrics.refused.labels(reason=reason).inc()
-            log.info("attempt refused generation=%s epoch=%d reason=%s need_blocks=%d free_blocks=%d",
-                     order.generation_id, order.epoch, reason, need, self.free_blocks)
-            await self.refuse(order, reason)
-            return
-        attempt = Attempt(order, need, admitted_at=monotonic_of(order.occurred_at), unstarted=requests[1:])
-        self.attempts[request_id] = attempt
-        # Watched, not awaited: the projection's attempts table and billing need it, the first token does not.
-        await self.send_for(attempt, GENERATIONS, AttemptStarted(**attempt.scoped, worker_id=self.worker_id))
-        if attempt.fenced:  # the send failed at once: given up before it ran
-            self.attempts.pop(request_id, None)
-            return
-        self._thread.add(requests[0], order.weight)
-        log.info("attempt started generation=%s epoch=%d input_tokens=%d reserved_blocks=%d",
-                 order.generation_id, order.epoch, len(order.input_token_ids), need)
-
-    async def start_waiting(self) -> None:
-        """End queued attempts whose deadline passed (all at once: their sends share produce requests), then
-        start them in queue order while they fit."""
-        expired = self.waiting.take_expired(datetime.now(UTC))
-        if expired:
-            await asyncio.gather(*(self.end_unstarted(order, "expired") for order in expired))
-        while self.waiting.head is not None and self.blocks_needed(self.waiting.head) <= self.free_blocks:
-            await self.on_start(self.waiting.pop_head(), accepted=True)
-
-    async def end_unstarted(self, order: StartAttempt, reason: str) -> None:
-        """End an attempt that never reached the engine: terminal event, final stream event, release. If that
-        cannot be written, it is given up in the heartbeats (`fenced`) for the controller to end."""
-        scoped = {"tenant_id": order.tenant_id, "generation_id": order.generation_id, "epoch": order.epoch}
-        terminal = Expired(**scoped) if reason == "expired" else Canceled(**scoped)
-        try:
-            await acked(self.send, GENERATIONS, terminal)
-            await acked(self.send, TOKENS, StreamFinished(**scoped, seq=1, reason=reason, usage=terminal.usage))
-            await acked(self.send, COMMANDS, ReleaseReservation(**scoped, used_tokens=0, end_reason=reason,
-                                                                plane=self.settings.controller_group))
-        except Exception as exc:
-            log.error("queued attempt end not written generation=%s epoch=%d reason=%s error=%s",
-                      order.generation_id, order.epoch, reason, type(exc).__name__)
-            self.self_fenced[order.generation_id] = order.epoch
-            return
-        log.info("queued attempt ended generation=%s epoch=%d reason=%s", order.generation_id, order.epoch, reason)
-
-    def find(self, generation_id: str) -> Attempt | None:
-        return next((a for a in self.attempts.values() if a.start.generation_id == generation_id), None)
-
-    async def on_cancel(self, order: CancelAttempt) -> None:
-        if self.self_fenced.get(order.generation_id) == order.epoch:
-            del self.self_fenced[order.generation_id]  # the controller ended it: no need to say so any more
-        queued = self.waiting.take(order.generation_id, order.epoch)
-        if queued is not None:
-            if not order.after_interruption:
-                await self.end_unstarted(queued, "canceled")
-            return
-        attempt = self.find(order.generation_id)
-        if attempt is None or attempt.start.epoch != order.epoch:
-            self.stale_commands += 1
-            log.warning("stale cancel ignored generation=%s epoch=%d running_epoch=%s", order.generation_id,
-                        order.epoch, attempt.start.epoch if attempt else None)
-            return
-        attempt.cancel_ordered_at = monotonic_of(order.occurred_at)
-        if order.after_interruption:
-            attempt.fenced = True  # the controller already ended this epoch as Interrupted
-        self.abort(attempt)
-
-    def abort(self, attempt: Attempt) -> None:
-        """Stop every choice of `attempt`: those running at the next step boundary, those not started now."""
-        attempt.end_unstarted(FinishReason.CANCELLED)
-        for request_id in attempt.engine_ids:
-            self._thread.abort(request_id)
-
-    async def on_dispatch(self, event) -> None:
-        if getattr(event, "worker_id", None) != self.worker_id:
-            return
-        if isinstance(event, StartAttempt):
-            await self.on_start(event)
-        elif isinstance(event, CancelAttempt):
-            await self.on_cancel(event)
-        elif isinstance(event, DrainWorker):
-            log.info("draining worker=%s running=%d", self.worker_id, len(self.attempts))
-            self.draining = True
-            await acked(self.send, WORKERS, self.heartbeat())
-
-    async def refuse(self, order: StartAttempt, reason: str) -> None:
-        """Hand the attempt back to the controller. If that cannot be sent, give it up in the heartbeats
-        (`fenced`), so the controller ends it rather than wait on it forever."""
-        try:
-            await acked(self.send, COMMANDS, refusal(order, self.worker_id, reason, self.settings.controller_group))
-        except Exception as exc:
-            log.error("refusal not sent generation=%s epoch=%d error=%s", order.generation_id, order.epoch,
-                      type(exc).__name__)
-            self.self_fenced[order.generation_id] = order.epoch
-
-    def refuse_from_engine(self, request_id: str, reason: str) -> None:
-        choice = choice_of(request_id)
-        if choice > 0:  # its first choice is running: this one fails alone, like a failed step
-            attempt = self.attempts.get(attempt_id_of(request_id))
-            if attempt is not None:
-                attempt.choices[choice].ended = FinishReason.FAILED
-                attempt.choices[choice].pending_end = FINISHES[FinishReason.FAILED][2]
-                log.warning("choice refused by the engine generation=%s choice=%d reason=%s",
-                            attempt.start.generation_id, choice, reason)
-                if attempt.ended and not attempt.finishing and not attempt.fenced:
-                    attempt.finishing = True
-                    task = asyncio.get_running_loop().create_task(self.finish(attempt))
-                    self._finishing.add(task)
-                    task.add_done_callback(self._finished)
-            return
-        attempt = self.attempts.pop(request_id, None)
-        if attempt is not None:
-            self.metrics.refused.labels(reason="engine").inc()
-            task = asyncio.get_running_loop().create_task(self.refuse(attempt.start, reason))
-            self._finishing.add(task)  # kept (and awaited at shutdown) like an end
-            task.add_done_callback(self._finishing.discard)
-
-    # -- engine outputs ------------------------------------------------------------------------
-    async def on_output(self, output: RequestOutput) -> None:
-        attempt = self.attempts.get(attempt_id_of(output.request_id))
-        if attempt is None:
-            return
-        choice = choice_of(output.request_id)
-        observe_output(self.metrics, attempt, output, time.monotonic())
-        attempt.observe(output, choice)
-        if attempt.unstarted and choice == 0:
-            self.start_choices(attempt, output)
-        if attempt.fenced:
-            if attempt.ended:
-                self.attempts.pop(attempt.request_id, None)
-            return
-        if output.new_token_ids or output.text_delta or output.prompt_logprobs is not None or output.finished:
-            attempt.buffer(output, choice)
-            self._buffered.set()
-        now = time.monotonic()
-        if attempt.ended and not attempt.finishing:
-            await self.flush(attempt, now)
-            # The end waits for acknowledgements; other attempts' tokens must not wait behind it.
-            attempt.finishing = True
-            task = asyncio.create_task(self.finish(attempt))
-            self._finishing.add(task)
-            task.add_done_callback(self._finished)
-            return
-        if output.finished:
-            await self.flush(attempt, now)  # a choice's end goes out with its last tokens
-        if attempt.seq == 0 or (now - attempt.flushed_at) * 1000 >= self.settings.stream_flush_ms:
-            await self.flush(attempt, now)  # the first token goes out at once: it is the TTFT
-        if attempt.report_due(self.settings.usage_report_tokens, self.settings.usage_report_ms, now):
-            await self.report_usage(attempt, now)
-
-    async def flush(self, attempt: Attempt, now: float) -> None:
-        """One stream event for the tokens buffered since the last one."""
-        if attempt.has_pending:
-            for fields in attempt.take_pending(now):
-                attempt.deliveries.add(await self.send_for(attempt, TOKENS, TokensEmitted(
-                    **attempt.scoped, seq=attempt.next_seq(), **fields)))
-
-    async def _flusher(self) -> None:
-        """Buffered tokens of a stream that produced nothing new for a while still go out."""
-        interval = max(self.settings.stream_flush_ms, 1) / 1000
-        while True:
-            await self._buffered.wait()  # an idle worker does not wake every interval
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            waiting = False
-            for attempt in list(self.attempts.values()):
-                if attempt.fenced or attempt.finishing or not attempt.has_pending:
-                    continue
-                if now - attempt.flushed_at >= interval:
-                    await self.flush(attempt, now)
-                else:
-                    waiting = True
-            if not waiting:
-                self._buffered.clear()
-
-    def start_choices(self, attempt: Attempt, first: RequestOutput) -> None:
-        """Choices 1.. once choice 0 has run the prompt (its full blocks are in the prefix cache now), or ended
-        with it when choice 0 ended without output of its own (canceled, failed)."""
-        if first.finish_reason in (FinishReason.CANCELLED, FinishReason.FAILED, FinishReason.EXPIRED) \
-                or attempt.fenced:
-            attempt.end_unstarted(first.finish_reason or FinishReason.CANCELLED)
-            return
-        for request in attempt.unstarted:
-            self._thread.add(request, attempt.start.weight)
-        attempt.unstarted = []
-
-    async def finish(self, attempt: Attempt) -> None:
-        """Final watermark and terminal event acknowledged, then the final stream event, then the release;
-        only then does the attempt leave the heartbeats' list and its room go to waiting attempts. If any of
-        it cannot be written, the attempt is given up (`fenced`): the controller ends it and releases."""
-        await self.flush(attempt, time.monotonic())  # a choice that ended without output still says so
-        kind, finish_reason, end_reason = FINISHES[attempt.end_reason()]
-        usage = attempt.usage
-        watermark = UsageReported(**attempt.scoped, report_seq=attempt.next_report(time.monotonic()), usage=usage)
-        terminal = terminal_event(kind, attempt.scoped, finish_reason, usage)
-        try:
-            await attempt.deliveries.settled()  # the end bills the whole stream: all of it on the log first
-            await asyncio.gather(*[await self.send(GENERATIONS, watermark), await self.send(GENERATIONS, terminal)])
-            await acked(self.send, TOKENS, StreamFinished(**attempt.scoped, seq=attempt.next_seq(), reason=end_reason,
-                                                          usage=usage))
-            await acked(self.send, COMMANDS, ReleaseReservation(
-                **attempt.scoped, used_tokens=attempt.used_tokens, end_reason=end_reason,
-                plane=self.settings.controller_group))
-        except Exception as exc:
-            log.error("attempt end not written generation=%s epoch=%d reason=%s error=%s",
-                      attempt.start.generation_id, attempt.start.epoch, end_reason, type(exc).__name__)
-            self.self_fenced[attempt.start.generation_id] = attempt.start.epoch
-        else:
-            log.info("attempt ended generation=%s epoch=%d reason=%s output_tokens=%d", attempt.start.generation_id,
-                     attempt.start.epoch, end_reason, usage.generated_output_tokens)
-        finally:
-            self.attempts.pop(attempt.request_id, None)
-        await self.start_waiting()
-
-    def _finished(self, task: asyncio.Task) -> None:
-        self._finishing.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("attempt end failed error=%s", type(task.exception()).__name__)
-            self._failure = task.exception()
-
-    # -- loops ------------------------------------------------------------------------------------
-    async def _pump(self) -> None:
-        while True:
-            if self._failure is not None:
-                raise self._failure
-            for output in await self.outputs.get():
-                await self.on_output(output)
-
-    async def _read_dispatch(self) -> None:
-        while True:
-            batches = await self.consumer.getmany(timeout_ms=500)
-            for records in batches.values():
-                for record in records:
-                    try:
-                        event = decode(DISPATCH, record.value)
-                    except DecodeError as exc:
-                        log.warning("undecodable dispatch offset=%d error=%s", record.offset, type(exc).__name__)
-                        continue
-                    try:
-                        await self.on_dispatch(event)
-                    except Exception as exc:  # one order's failure (a send the broker refused) stops no other
-                        log.error("dispatch failed type=%s offset=%d error=%s", event.type, record.offset,
-                                  type(exc).__name__)
-            # After the orders are applied: a heartbeat saying "read through T" lists every order written before T.
-            await self.dispatch_read.note(self.consumer)
 
     def abort_overdue(self, now: float) -> None:
         """Attempts past the controller's maximum run time (and a lease more, so its Interrupted normally comes
@@ -455,9 +155,11 @@ class Worker:
         log.error("self-fenced worker=%s attempts=%d", self.worker_id, len(self.attempts))
 
     @property
-    def has_ends_in_flight(self) -> bool:
-        return bool(self._finishing)
+    def drained(self) -> bool:
+        """A drain has ended every attempt, queued ones and ends being written included: the worker may exit."""
+        return self.draining and not self.attempts and not self._finishing and not self.waiting
 
+    # -- lifecycle --------------------------------------------------------------------------
     async def send_heartbeat(self) -> asyncio.Future:
         """The heartbeat handed to the producer; its acknowledgement is the returned future."""
         return await self.send(WORKERS, self.heartbeat())
@@ -483,10 +185,10 @@ class Worker:
         await self.consumer.position(tp)
         tasks = [asyncio.create_task(self._pump(), name="worker-pump"),
                  asyncio.create_task(self._read_dispatch(), name="worker-dispatch"),
-                 asyncio.create_task(upkeep_loop(self), name="worker-upkeep")]
+                 asyncio.create_task(self._upkeep(), name="worker-upkeep")]
         if self.settings.stream_flush_ms > 0:
             tasks.append(asyncio.create_task(self._flusher(), name="worker-flush"))
-        heartbeats = asyncio.create_task(heartbeat_loop(self), name="worker-heartbeat")
+        heartbeats = asyncio.create_task(heartbeat_loop(self, self._thread), name="worker-heartbeat")
         self.ready.set()
         log.info("worker ready worker=%s model=%s blocks=%d", self.worker_id, self.model.model_version,
                  self.total_blocks)

@@ -19,12 +19,11 @@ and workers side by side — without two metrics claiming one name.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from engine.request import EngineStats
 
 PREFIX = "ledgerlm:"
 # vLLM's buckets: TTFT spans prefill of long documents, ITL one decode step.
@@ -75,10 +74,24 @@ class ControllerMetrics:
                 self.rejections.labels(code=str(status)).inc()
 
 
+class EngineSnapshot(Protocol):
+    """The counters of an engine stats snapshot (`engine.request.EngineStats`) that the collector reads,
+    named here so the plumbing needs nothing of the engine."""
+
+    num_blocks_total: int
+    num_blocks_used: int
+    num_running: int
+    num_waiting: int
+    prefix_hit_tokens: int
+    num_preemptions: int
+    kv_bytes_per_token: int
+    num_recomputed_tokens: int
+
+
 class EngineStatsCollector(Collector):
     """The engine's capacity and cumulative counters, read from its latest stats snapshot at scrape time."""
 
-    def __init__(self, stats: Callable[[], EngineStats | None], reserved_blocks: Callable[[], int],
+    def __init__(self, stats: Callable[[], EngineSnapshot | None], reserved_blocks: Callable[[], int],
                  block_size: Callable[[], int]) -> None:
         self.stats = stats
         self.reserved_blocks = reserved_blocks
@@ -111,7 +124,7 @@ class EngineStatsCollector(Collector):
 
 
 class WorkerMetrics:
-    def __init__(self, stats: Callable[[], EngineStats | None], reserved_blocks: Callable[[], int],
+    def __init__(self, stats: Callable[[], EngineSnapshot | None], reserved_blocks: Callable[[], int],
                  block_size: Callable[[], int] = lambda: 16) -> None:
         self.registry = CollectorRegistry()
         r = self.registry

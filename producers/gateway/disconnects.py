@@ -7,19 +7,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from plumbing.kafka.clients import Kafka, publish
 from plumbing.kafka.follower import Follower
+from plumbing.settings import Settings
+from producers.gateway.admission import AdmissionClient
+from producers.gateway.bridge import StreamBridge
 from producers.gateway.presence import Presence
 from schemas.commands import CancelGeneration
 from schemas.presence import WatchersChanged
 from schemas.topics import PRESENCE
 
-if TYPE_CHECKING:
-    from producers.gateway.gateway import Gateway
-
 log = logging.getLogger(__name__)
+
+
+class GatewayParts(Protocol):
+    """What the policy reads of the gateway it runs in, every round: its settings (an operator, or a test,
+    may replace them), the admission client that publishes and decides, and the bridge whose views say what
+    still runs. Named here so the policy needs nothing of the gateway that owns it."""
+
+    settings: Settings
+    admission: AdmissionClient
+    bridge: StreamBridge
 
 
 class DisconnectPolicy:
@@ -34,7 +44,7 @@ class DisconnectPolicy:
         if isinstance(event, WatchersChanged):
             self.presence.observe(event)
 
-    async def start(self, gateway: Gateway) -> None:
+    async def start(self, gateway: GatewayParts) -> None:
         await self.follower.start()
         await self.follower.catch_up()
         self._tasks = [asyncio.create_task(self.follower.run(), name="gateway-presence-follow"),
@@ -47,7 +57,7 @@ class DisconnectPolicy:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.follower.stop()
 
-    async def _publish(self, gateway: Gateway) -> None:
+    async def _publish(self, gateway: GatewayParts) -> None:
         while True:
             change = await self.presence.outbox.get()
             try:
@@ -56,7 +66,7 @@ class DisconnectPolicy:
                 log.warning("presence not published generation=%s error=%s", change.generation_id,
                             type(exc).__name__)
 
-    async def _cancel_unwatched(self, gateway: Gateway) -> None:
+    async def _cancel_unwatched(self, gateway: GatewayParts) -> None:
         """Cancel interactive generations nobody, on any gateway, has watched for `disconnect_grace_s`."""
         while True:
             settings = gateway.settings  # read each round: an operator (or a test) may change it

@@ -20,16 +20,17 @@ from fastapi import APIRouter, Query, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from producers.gateway.database import Principal
+from producers.gateway.delivery import (
+    BoundedDelivery, ClosingStreamingResponse, close_with_error, serve_websocket, sse_body,
+)
 from producers.gateway.errors import ApiError
 from producers.gateway.gateway import Gateway, principal_of
 from producers.gateway.lookup import find_generation
 from producers.gateway.requests import GenerationRequest
 from producers.gateway.slots import STREAMS, WAITING, holding
 from producers.gateway.status import TERMINAL, read_status
-from producers.gateway.streams import (
-    BoundedDelivery, ClosingStreamingResponse, close_with_error, final_payload, follow_live, open_source, parse_cursor,
-    serve_websocket, sse_body,
-)
+from producers.gateway.stream_events import final_payload
+from producers.gateway.streams import follow_live, open_source, parse_cursor
 from producers.gateway.submit import submit_generation
 from schemas.commands import CancelGeneration
 
@@ -49,7 +50,7 @@ class NativeApi:
                                gateway.deliveries)
 
     def event_stream(self, generation_id: str, first: dict, source, after: int, status_code: int = 200):
-        """SSE of `source` behind this connection's bounded queue (see streams.py)."""
+        """SSE of `source` behind this connection's bounded queue (see delivery.py)."""
         return ClosingStreamingResponse(sse_body(first, self.delivery(generation_id, source, after)),
                                         status_code=status_code, media_type="text/event-stream",
                                         headers={"Cache-Control": "no-cache"})

@@ -44,7 +44,7 @@ from producers.gateway.prompts import EffectivePrompt
 from producers.gateway.requests import GenerationRequest
 from producers.gateway.slots import STREAMS, WAITING, holding
 from producers.gateway.status import TERMINAL, read_status
-from producers.gateway.streams import ClosingStreamingResponse
+from producers.gateway.delivery import ClosingStreamingResponse
 from producers.gateway.submit import submit_generation
 from producers.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 

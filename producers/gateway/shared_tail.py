@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
@@ -33,9 +33,6 @@ from schemas.codec import DecodeError, decode
 from schemas.commands import StreamShare
 from schemas.envelope import Envelope
 from schemas.topics import GENERATIONS, TOKENS
-
-if TYPE_CHECKING:
-    from producers.gateway.bridge import StreamBridge
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +50,21 @@ async def from_the_end(consumer: AIOKafkaConsumer, tps: list[TopicPartition]) ->
     return await consumer.end_offsets(tps)
 
 
+class Views(Protocol):
+    """What the tail feeds (the bridge's generation views), named here so the tail needs nothing of the
+    bridge that owns it."""
+
+    def on_event(self, topic: str, event: Envelope, wanted: bool = True) -> None: ...
+
+    def notify_changed(self) -> None: ...
+
+    def backfilled(self, generation_id: str, events: list[tuple[str, Envelope]]) -> None: ...
+
+    def unwatched(self, generation_id: str) -> None: ...
+
+
 class SharedTail:
-    def __init__(self, kafka: Kafka, bridge: StreamBridge, start: StartPositions | None, group: str,
+    def __init__(self, kafka: Kafka, bridge: Views, start: StartPositions | None, group: str,
                  share: bool) -> None:
         self.bridge = bridge
         self.interest = Interest()

@@ -13,7 +13,7 @@ import time
 from plumbing.settings import Settings
 from projections.registry import all_projections
 from projections.runtime import Projector
-from producers.gateway.streams import SLOW_CONSUMER_GRACE_S
+from producers.gateway.delivery import SLOW_CONSUMER_GRACE_S
 from tests.controlplane.conftest import body, post_until_admitted, wait_until
 
 

@@ -8,10 +8,10 @@ import pytest
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.errors import EngineError
-from engine.kv_sizing import (MemoryPolicy, check_holds_one_request, cpu_pool_bytes, gpu_pool_bytes,
-                              parse_bytes)
+from engine.kv_sizing import MemoryPolicy, check_holds_one_request, cpu_pool_bytes, gpu_pool_bytes
 from engine.scheduler import Scheduler
 from engine_factories import make_request, make_running, run_engine, tokens_of
+from plumbing.settings import parse_bytes
 
 GiB = 1 << 30
 

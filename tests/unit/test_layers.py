@@ -1,5 +1,7 @@
-"""Dependencies point one way (docs/style.md, rule 2): engine/schemas at the bottom, the shared plumbing above them, the
-roles above that, and the CLI package (`ledgerlm`) on top as the only composition root."""
+"""Dependencies point one way (docs/style.md, rule 2): schemas and the engine at the bottom, knowing nothing of
+each other, the shared plumbing above the schemas (never the engine: a gateway or a projector must not need it),
+the roles above that (the projections' read models below the producers that query them), and the CLI
+package (`ledgerlm`) on top as the only composition root. ALLOWED lists exactly the arrows in use."""
 from __future__ import annotations
 
 import ast
@@ -10,13 +12,13 @@ from plumbing.settings import REPO_ROOT
 # package -> top-level packages it may import (besides itself, the standard library and third parties)
 ALLOWED = {
     "schemas": set(),
-    "engine": {"schemas"},
-    "plumbing": {"schemas", "engine"},
-    "migrations": {"schemas", "plumbing"},
+    "engine": set(),
+    "plumbing": {"schemas"},
+    "migrations": set(),
     "infra": {"schemas", "plumbing"},
-    "projections": {"schemas", "plumbing", "engine", "migrations"},
-    "consumers": {"schemas", "plumbing", "engine", "projections"},
-    "producers": {"schemas", "plumbing", "engine", "projections", "consumers"},
+    "projections": {"schemas", "plumbing", "migrations"},
+    "consumers": {"schemas", "plumbing", "engine"},
+    "producers": {"schemas", "plumbing", "engine", "projections"},
     "bench": {"schemas", "plumbing", "engine", "migrations", "projections", "consumers", "producers", "infra"},
 }
 OURS = set(ALLOWED) | {"ledgerlm", "tests"}
@@ -39,6 +41,15 @@ def test_every_package_imports_only_what_is_below_it():
             for name in imported_packages(path) - allowed - {package}:
                 wrong.append(f"{path.relative_to(REPO_ROOT)} imports {name}")
     assert wrong == []
+
+
+def test_every_allowed_arrow_is_in_use():
+    """An arrow nothing uses any more leaves the table, so the table stays the picture of the layers."""
+    unused = []
+    for package, allowed in ALLOWED.items():
+        used = set().union(*(imported_packages(path) for path in (REPO_ROOT / package).rglob("*.py")))
+        unused += [f"{package} -> {name}" for name in sorted(allowed - used)]
+    assert unused == []
 
 
 def test_only_the_cli_package_imports_the_cli():

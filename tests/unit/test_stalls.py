@@ -8,7 +8,7 @@ import time
 import uvicorn
 
 from producers.gateway.stalls import GatewayApp
-from producers.gateway.streams import ClosingStreamingResponse
+from producers.gateway.delivery import ClosingStreamingResponse
 
 
 def streaming_app(stall_s: float, finished: list[str]) -> GatewayApp:
