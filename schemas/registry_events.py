@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from schemas.envelope import Envelope
-from schemas.values import TenantLimits
+from schemas.values import TenantLimits, added
 
 
 class WorkerHeartbeat(Envelope):
@@ -49,6 +49,9 @@ class WorkerHeartbeat(Envelope):
     # written after it may be on its way: `attempts` cannot be expected to list it (a frozen broker or a
     # starved worker delays orders, not only heartbeats).
     dispatch_read_through: datetime | None = None
+    # The batch tier's part of `queued_tokens`: the engine admits interactive prompts first, so an interactive
+    # attempt waits only for the interactive prompts queued ahead of it.
+    batch_queued_tokens: int = added(0, ge=0)
 
     def within_lease(self, now: float, read_through: float | None = None) -> bool:
         """Sent less than a lease before `now` (unix seconds), or before `read_through` when that is earlier:

@@ -20,21 +20,21 @@ from __future__ import annotations
 import random
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from consumers.controller.effects import Effects
+from consumers.controller.held import HeldWork
 from consumers.controller.leases import interruption
 from consumers.controller.registry import Demand, WorkerRegistry
 from consumers.controller.state import PartitionState, TenantState
 from consumers.controller.versions import VersionPicker, describe
 from plumbing.kafka.follower import partition_for
 from plumbing.settings import Settings
-from schemas.changelog import HeldAttempt, IdentityRecorded, TenantBudgetState, held_key
+from schemas.changelog import HeldAttempt, IdentityRecorded, held_key
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, StreamShare, SubmitGeneration
-from schemas.dispatch import CancelAttempt, StartAttempt
-from schemas.envelope import Envelope
+from schemas.dispatch import CancelAttempt
 from schemas.generation_ids import mint_generation_id
-from schemas.lifecycle import Admitted, CancelRequested, Canceled, Expired, Interrupted, Rejected
+from schemas.lifecycle import Admitted, CancelRequested, Canceled, Interrupted, Rejected
 from schemas.model_book import ModelBook
 from schemas.replies import AdmissionDecision
 from schemas.values import TenantLimits
@@ -45,29 +45,7 @@ from schemas.values import TenantLimits
 EXPIRY_BATCH = 1000
 
 
-@dataclass
-class Effects:
-    """Records to write atomically; `changelog` records and `tombstones` (keys to null) go to the input partition
-    of the changelog."""
-
-    generations: list[Envelope] = field(default_factory=list)
-    dispatch: list[Envelope] = field(default_factory=list)
-    replies: list[AdmissionDecision] = field(default_factory=list)
-    changelog: list[IdentityRecorded | TenantBudgetState] = field(default_factory=list)
-    tombstones: list[str] = field(default_factory=list)
-
-    def extend(self, other: "Effects") -> None:
-        self.generations += other.generations
-        self.dispatch += other.dispatch
-        self.replies += other.replies
-        self.changelog += other.changelog
-        self.tombstones += other.tombstones
-
-    def __bool__(self) -> bool:
-        return bool(self.generations or self.dispatch or self.replies or self.changelog or self.tombstones)
-
-
-class Decider:
+class Decider(HeldWork):
     """The controller's rules; `tenants`/`models` are the followed registries (shared, read-only here)."""
 
     def __init__(self, settings: Settings, registry: WorkerRegistry, tenants: dict[str, TenantLimits],
@@ -165,7 +143,7 @@ class Decider:
             code, reason, retry_ms = refusal
             return Effects(replies=[self.reply(cmd, "rejected", 429, request_id=cmd.request_id, error_code=code,
                                                reason=reason, retry_after_ms=self.jittered_ms(retry_ms))])
-        demand = Demand(len(cmd.input_token_ids), cmd.output_tokens)
+        demand = Demand(len(cmd.input_token_ids), cmd.output_tokens, cmd.tier == "batch")
         if cmd.tier == "batch":
             return self.submit_batch(state, tenant, limits, cmd, reserved, candidates, demand, now)
         routed = self.versions.route(candidates, demand, self.queue_allowance_s(), now.timestamp())
@@ -181,34 +159,11 @@ class Decider:
             return Effects(replies=[self.queued_refusal(cmd, tenant, limits, reserved)])
         return self.admit(state, tenant, limits, cmd, reserved, version, choice.worker_id, now, queued)
 
-    def submit_batch(self, state: PartitionState, tenant: TenantState, limits: TenantLimits, cmd: SubmitGeneration,
-                     reserved: int, candidates: dict[str, int], demand: Demand, now: datetime) -> Effects:
-        """Batch work is never refused for load: it goes to a worker that could start it at once, or the
-        controller holds it (in the changelog) until one can, up to the end of its completion window."""
-        routed = self.versions.route(candidates, demand, self.batch_dispatch_wait_s, now.timestamp(),
-                                     may_wait=False)
-        if routed is not None:
-            version, choice = routed
-            return self.admit(state, tenant, limits, cmd, reserved, version, choice.worker_id, now)
-        if tenant.queued_tokens + reserved > limits.max_queued_tokens:
-            return Effects(replies=[self.queued_refusal(cmd, tenant, limits, reserved)])
-        return self.admit(state, tenant, limits, cmd, reserved, self.versions.draw(candidates), None, now, True)
-
     def queued_refusal(self, cmd: SubmitGeneration, tenant: TenantState, limits: TenantLimits,
                        reserved: int) -> AdmissionDecision:
         return self.reply(cmd, "rejected", 429, request_id=cmd.request_id, error_code="queued_tokens",
                           reason=f"{tenant.queued_tokens} queued tokens + {reserved} exceed {limits.max_queued_tokens}",
                           retry_after_ms=self.jittered_ms(self.settings.retry_after_ms))
-
-    @property
-    def batch_dispatch_wait_s(self) -> float:
-        return self.settings.batch_dispatch_wait_ms / 1000
-
-    def completion_deadline(self, cmd: SubmitGeneration, limits: TenantLimits, now: datetime) -> datetime:
-        """The end of a batch generation's completion window: the request's, within the tenant's (or the
-        platform's) window."""
-        window_s = limits.batch_completion_window_s or self.settings.batch_completion_window_s
-        return now + timedelta(seconds=min(window_s, cmd.completion_window_s or window_s))
 
     def over_budget(self, tenant: TenantState, limits: TenantLimits, reserved: int,
                     now: datetime) -> tuple[str, str, int] | None:
@@ -261,61 +216,10 @@ class Decider:
             state.hold(ticket)
             effects.changelog.append(ticket)
         else:
-            self.registry.hold(worker_id, gen_id, Demand(len(cmd.input_token_ids), cmd.output_tokens),
+            self.registry.hold(worker_id, gen_id, Demand(len(cmd.input_token_ids), cmd.output_tokens,
+                                                         cmd.tier == "batch"),
                                now.timestamp())
             effects.dispatch.append(self.start_order(ticket, worker_id, cmd.tier))
-        return effects
-
-    @staticmethod
-    def start_order(ticket: HeldAttempt, worker_id: str, tier: str) -> StartAttempt:
-        return StartAttempt(tenant_id=ticket.tenant_id, generation_id=ticket.generation_id, epoch=ticket.epoch,
-                            worker_id=worker_id, model_version=ticket.model_version,
-                            input_token_ids=ticket.input_token_ids, max_output_tokens=ticket.max_output_tokens,
-                            sampling=ticket.sampling, weight=ticket.weight, deadline_at=ticket.expires_at, tier=tier)
-
-    # -- held batch work ---------------------------------------------------------------
-    def dispatch_held(self, state: PartitionState, now: datetime) -> Effects:
-        """Hand held batch attempts, oldest first, to workers that could start them within
-        `batch_dispatch_wait_ms` with KV room now; end those past their completion window `expired`.
-        A version whose oldest held attempt finds no worker gets nothing more this pass (no overtaking)."""
-        effects = Effects()
-        blocked: set[str] = set()
-        for ticket in list(state.held.values()):
-            if ticket.expires_at <= now:
-                effects.extend(self.expire_held(state, ticket, now))
-                continue
-            if ticket.model_version in blocked:
-                continue
-            demand = Demand(len(ticket.input_token_ids), ticket.output_tokens)
-            choice = self.registry.choose(ticket.model_version, demand, self.batch_dispatch_wait_s,
-                                          self.settings.worker_decode_tokens_per_s, now.timestamp(), may_wait=False)
-            if choice is None:
-                blocked.add(ticket.model_version)
-                continue
-            effects.extend(self.dispatch(state, ticket, choice.worker_id, demand, now))
-        return effects
-
-    def dispatch(self, state: PartitionState, ticket: HeldAttempt, worker_id: str, demand: Demand,
-                 now: datetime) -> Effects:
-        state.release_held(ticket.generation_id)
-        gen = state.find(ticket.tenant_id, ticket.generation_id)
-        if gen is None or gen.status != "active" or gen.epoch != ticket.epoch:
-            return Effects(tombstones=[ticket.changelog_key])  # ended meanwhile: nothing to run
-        moved = gen.model_copy(update={"worker_id": worker_id, "dispatched_at": now, "queued": False})
-        state.record(moved)
-        self.registry.hold(worker_id, gen.generation_id, demand, now.timestamp())
-        return Effects(dispatch=[self.start_order(ticket, worker_id, gen.tier)], changelog=[moved],
-                       tombstones=[ticket.changelog_key])
-
-    def expire_held(self, state: PartitionState, ticket: HeldAttempt, now: datetime) -> Effects:
-        """Its completion window ended before any worker had room: `Expired`, unbilled, budget back."""
-        state.release_held(ticket.generation_id)
-        effects = Effects(tombstones=[ticket.changelog_key])
-        gen = state.find(ticket.tenant_id, ticket.generation_id)
-        if gen is not None and gen.status != "ended":
-            effects.generations.append(Expired(tenant_id=gen.tenant_id, generation_id=gen.generation_id,
-                                               epoch=gen.epoch))
-            effects.extend(self._end(state, gen, "expired", now, used_tokens=0))
         return effects
 
     # -- CancelGeneration ----------------------------------------------------------------
@@ -382,23 +286,6 @@ class Decider:
         start = cmd.attempt.model_copy(update={"epoch": epoch, "worker_id": choice.worker_id,
                                                "event_id": uuid.uuid4(), "occurred_at": now})
         return Effects(dispatch=[start], changelog=[moved])
-
-    def hold_again(self, state: PartitionState, gen: IdentityRecorded, order: StartAttempt,
-                   now: datetime) -> Effects:
-        """A batch attempt its worker refused (the room it was sent for was gone): held again as the next epoch,
-        ahead of later work, within the same completion window."""
-        held = gen.model_copy(update={"epoch": gen.epoch + 1, "worker_id": None, "dispatched_at": None,
-                                      "queued": True})
-        state.record(held)
-        ticket = HeldAttempt(plane=self.plane, tenant_id=gen.tenant_id, request_id=gen.request_id,
-                             generation_id=gen.generation_id, epoch=held.epoch, model_version=order.model_version,
-                             input_token_ids=order.input_token_ids, max_output_tokens=order.max_output_tokens,
-                             sampling=order.sampling, weight=order.weight,
-                             held_at=datetime.fromtimestamp(gen.admitted_s or now.timestamp(), now.tzinfo),
-                             expires_at=order.deadline_at)
-        state.hold(ticket)
-        state.order_held()
-        return Effects(changelog=[held, ticket])
 
     # -- ReleaseReservation ------------------------------------------------------------
     def release(self, state: PartitionState, cmd: ReleaseReservation, now: datetime) -> Effects:

@@ -28,10 +28,13 @@ LISTED_MEMORY_S = 300.0
 
 @dataclass(frozen=True)
 class Demand:
-    """What one attempt asks of a worker: its prompt and its output limit."""
+    """What one attempt asks of a worker: its prompt and its output limit; `batch` work waits behind every
+    prompt queued on the worker, interactive work only behind the interactive ones (the engine admits those
+    first)."""
 
     prompt_tokens: int
     max_output_tokens: int
+    batch: bool = False
 
     @property
     def total_tokens(self) -> int:
@@ -63,6 +66,7 @@ class Pending:
     tokens: int
     prompt_tokens: int
     at: float
+    batch: bool = False
 
 
 @dataclass
@@ -94,10 +98,12 @@ class WorkerView:
         free = self.heartbeat.free_blocks * self.heartbeat.block_size
         return free - sum(p.tokens for p in self.pending.values())
 
-    @property
-    def queued_tokens(self) -> int:
-        """Prompt tokens waiting for prefill on the worker: its heartbeat's, and those dispatched since."""
-        return self.heartbeat.queued_tokens + sum(p.prompt_tokens for p in self.pending.values())
+    def queued_tokens_ahead(self, batch: bool) -> int:
+        """Prompt tokens an attempt of this tier waits behind on the worker: its heartbeat's, and those dispatched
+        since; for interactive work, only the interactive ones."""
+        hb = self.heartbeat
+        queued = hb.queued_tokens if batch else hb.queued_tokens - hb.batch_queued_tokens
+        return queued + sum(p.prompt_tokens for p in self.pending.values() if batch or not p.batch)
 
 
 class WorkerRegistry:
@@ -172,10 +178,11 @@ class WorkerRegistry:
         hb = view.heartbeat
         rate = hb.tokens_per_s or decode_tokens_per_s
         deficit = max(0, demand.tokens_on(hb) - view.room_tokens)
+        queued = view.queued_tokens_ahead(demand.batch)
         if hb.prefill_step_ms and hb.max_batched_tokens:
-            prefill_s = math.ceil(view.queued_tokens / hb.max_batched_tokens) * hb.prefill_step_ms / 1000
+            prefill_s = math.ceil(queued / hb.max_batched_tokens) * hb.prefill_step_ms / 1000
         else:
-            prefill_s = view.queued_tokens / rate
+            prefill_s = queued / rate
         return prefill_s + deficit / rate, deficit > 0
 
     def candidates(self, model_version: str, demand: Demand, now: float, exclude: frozenset[str]):
@@ -213,7 +220,8 @@ class WorkerRegistry:
         """Count the tokens the worker will reserve for this attempt until its heartbeats show them."""
         view = self.workers.get(worker_id)
         if view is not None:
-            view.pending[generation_id] = Pending(demand.tokens_on(view.heartbeat), demand.prompt_tokens, now)
+            view.pending[generation_id] = Pending(demand.tokens_on(view.heartbeat), demand.prompt_tokens, now,
+                                                  demand.batch)
 
     def forget(self, worker_id: str | None, generation_id: str) -> None:
         view = self.workers.get(worker_id) if worker_id else None

@@ -21,7 +21,8 @@ from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
-from consumers.controller.decisions import Decider, Effects
+from consumers.controller.decisions import Decider
+from consumers.controller.effects import Effects
 from consumers.controller.registry import WorkerRegistry
 from consumers.controller.state import PartitionState
 from plumbing.kafka.clients import Kafka, make_consumer, make_producer, read_to_end

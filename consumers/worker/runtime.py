@@ -93,12 +93,13 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
         """What the controller routes by and counts this worker's lease from: capacity, load, rate, and every
         attempt held or given up."""
         thread = self._thread
-        queued = sum(len(a.start.input_token_ids) for a in self.attempts.values() if not a.started_output)
+        unstarted = [a.start for a in self.attempts.values() if not a.started_output] + list(self.waiting)
         settings = self.settings
         return WorkerHeartbeat(worker_id=self.worker_id, model_versions=(self.model.model_version,),
                                total_blocks=self.total_blocks, free_blocks=self.free_blocks,
                                block_size=self.block_size, running=len(self.attempts) + len(self.waiting),
-                               queued_tokens=queued + self.waiting.queued_tokens,
+                               queued_tokens=sum(len(o.input_token_ids) for o in unstarted),
+                               batch_queued_tokens=sum(len(o.input_token_ids) for o in unstarted if o.tier == "batch"),
                                draining=self.draining, lease_ms=settings.lease_ms,
                                alive=alive and (thread is None or thread.alive),
                                stale_commands=self.stale_commands, plane=settings.controller_group,

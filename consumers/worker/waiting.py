@@ -52,7 +52,3 @@ class WaitingQueue:
 
     def clear(self) -> None:
         self._orders.clear()
-
-    @property
-    def queued_tokens(self) -> int:
-        return sum(len(o.input_token_ids) for o in self._orders)

@@ -164,3 +164,16 @@ def test_a_rebuild_from_the_changelog_holds_the_same_work_in_the_same_order(worl
     rebuilt.order_held()
     assert held_ids(rebuilt) == held_ids(state) == ["b1", "b2", "b3"]
     assert rebuilt.tenant("acme").budget() == state.tenant("acme").budget()
+
+
+def test_interactive_work_is_predicted_behind_interactive_prompts_only_and_batch_behind_all(world):
+    """The engine admits interactive prompts first: a worker busy with a burst of batch prefill still takes
+    interactive work within its allowance, and takes no more batch work."""
+    decider, registry, state = world
+    registry.observe(heartbeat(free_blocks=64, queued_tokens=3000, batch_queued_tokens=2900))
+    chat = SubmitGeneration(tenant_id="acme", request_id="chat", gateway_id="gw", correlation_id="chat",
+                            model_version=VERSION, input_token_ids=(1, 2, 3, 4), max_output_tokens=12,
+                            payload_hash="ab" * 32, occurred_at=NOW)
+    assert decider.submit(state, chat, NOW).dispatch  # 100 interactive tokens ahead: 0.5 s at 200 tokens/s
+    decider.submit(state, batch("b"), NOW)
+    assert held_ids(state) == ["b"]  # 3,000 tokens ahead of it: 15 s
