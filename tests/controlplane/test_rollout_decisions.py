@@ -38,7 +38,8 @@ def make_qualified(version: str, passed: bool = True, content: str = "c1") -> Mo
 
 def heartbeat(worker_id: str, version: str) -> WorkerHeartbeat:
     return WorkerHeartbeat(worker_id=worker_id, model_versions=(version,), total_blocks=10**6, free_blocks=10**6,
-                           block_size=16, running=0, queued_tokens=0, lease_ms=2000, occurred_at=NOW)
+                           block_size=16, running=0, queued_tokens=0, lease_ms=2000, occurred_at=NOW,
+                           tokens_per_s=1e6)  # fast enough that hundreds of dispatched prompts still fit the allowance
 
 
 def submit(request_id: str, model: str = "chat", payload_hash: str = "ab" * 32) -> SubmitGeneration:
