@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from schemas.envelope import Envelope, GenerationScoped
-from schemas.values import SamplingParams, Tier
+from schemas.values import SamplingParams, Tier, added
 
 
 class StartAttempt(GenerationScoped):
@@ -24,6 +24,10 @@ class StartAttempt(GenerationScoped):
     deadline_at: datetime
     # batch attempts may wait on the worker for KV room until deadline_at; interactive ones reserve or refuse
     tier: Tier = "interactive"
+    # The wait before its prefill starts the controller predicted when it routed the attempt (the promise),
+    # and what its queue model alone said (before the worker's reported error was added); None: not predicted.
+    predicted_wait_ms: int | None = added(None, ge=0)
+    model_wait_ms: int | None = added(None, ge=0)
 
     @property
     def output_tokens(self) -> int:

@@ -52,6 +52,9 @@ class WorkerHeartbeat(Envelope):
     # The batch tier's part of `queued_tokens`: the engine admits interactive prompts first, so an interactive
     # attempt waits only for the interactive prompts queued ahead of it.
     batch_queued_tokens: int = added(0, ge=0)
+    # Median of (observed - predicted by the queue model) waits of recent interactive attempts, in ms: the
+    # controller adds it to its prediction for this worker (consumers/worker/calibration.py). None: none recent.
+    wait_error_ms: float | None = added(None)
 
     def within_lease(self, now: float, read_through: float | None = None) -> bool:
         """Sent less than a lease before `now` (unix seconds), or before `read_through` when that is earlier:

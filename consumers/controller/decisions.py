@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from consumers.controller.effects import Effects
 from consumers.controller.held import HeldWork
 from consumers.controller.leases import interruption
-from consumers.controller.registry import Demand, WorkerRegistry
+from consumers.controller.registry import Demand, WorkerChoice, WorkerRegistry
 from consumers.controller.state import PartitionState, TenantState
 from consumers.controller.versions import VersionPicker, describe
 from plumbing.kafka.follower import partition_for
@@ -157,7 +157,7 @@ class Decider(HeldWork):
         queued = choice.waits_for_kv
         if queued and tenant.queued_tokens + reserved > limits.max_queued_tokens:
             return Effects(replies=[self.queued_refusal(cmd, tenant, limits, reserved)])
-        return self.admit(state, tenant, limits, cmd, reserved, version, choice.worker_id, now, queued)
+        return self.admit(state, tenant, limits, cmd, reserved, version, choice, now, queued)
 
     def queued_refusal(self, cmd: SubmitGeneration, tenant: TenantState, limits: TenantLimits,
                        reserved: int) -> AdmissionDecision:
@@ -183,10 +183,12 @@ class Decider(HeldWork):
         return None
 
     def admit(self, state: PartitionState, tenant: TenantState, limits: TenantLimits, cmd: SubmitGeneration,
-              reserved: int, version: str, worker_id: str | None, now: datetime, queued: bool = False) -> Effects:
+              reserved: int, version: str, choice: WorkerChoice | None, now: datetime,
+              queued: bool = False) -> Effects:
         """Admit on `version`, the concrete version (an alias's draw): identity, Admitted and StartAttempt
-        all record it, so status, billing and a retry see the version that runs. `worker_id` None: a batch
+        all record it, so status, billing and a retry see the version that runs. `choice` None: a batch
         generation the controller holds until a worker has room (`dispatch_held`)."""
+        worker_id = choice.worker_id if choice is not None else None
         gen_id = mint_generation_id(self.id_key, cmd.tenant_id, in_share(cmd.stream_share))
         now_s = int(now.timestamp())
         tenant.charge(now_s, reserved)
@@ -212,14 +214,14 @@ class Decider(HeldWork):
         effects = Effects(generations=[admitted], changelog=[record, tenant.budget_record(now_s, self.plane)],
                           replies=[self.reply(cmd, "created", 201, request_id=cmd.request_id, generation_id=gen_id,
                                               status="active", model_version=version)])
-        if worker_id is None:
+        if choice is None:
             state.hold(ticket)
             effects.changelog.append(ticket)
         else:
             self.registry.hold(worker_id, gen_id, Demand(len(cmd.input_token_ids), cmd.output_tokens,
                                                          cmd.tier == "batch"),
                                now.timestamp())
-            effects.dispatch.append(self.start_order(ticket, worker_id, cmd.tier))
+            effects.dispatch.append(self.start_order(ticket, choice, cmd.tier))
         return effects
 
     # -- CancelGeneration ----------------------------------------------------------------
@@ -283,7 +285,7 @@ class Decider(HeldWork):
         moved = gen.model_copy(update={"epoch": epoch, "worker_id": choice.worker_id, "dispatched_at": now})
         state.record(moved)
         self.registry.hold(choice.worker_id, gen.generation_id, demand, now.timestamp())
-        start = cmd.attempt.model_copy(update={"epoch": epoch, "worker_id": choice.worker_id,
+        start = cmd.attempt.model_copy(update={"epoch": epoch, "worker_id": choice.worker_id, **choice.promise,
                                                "event_id": uuid.uuid4(), "occurred_at": now})
         return Effects(dispatch=[start], changelog=[moved])
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from consumers.controller.effects import Effects
-from consumers.controller.registry import Demand
+from consumers.controller.registry import Demand, WorkerChoice
 from consumers.controller.state import PartitionState, TenantState
 from schemas.changelog import HeldAttempt, IdentityRecorded
 from schemas.commands import SubmitGeneration
@@ -32,7 +32,7 @@ class HeldWork:
                                      may_wait=False)
         if routed is not None:
             version, choice = routed
-            return self.admit(state, tenant, limits, cmd, reserved, version, choice.worker_id, now)
+            return self.admit(state, tenant, limits, cmd, reserved, version, choice, now)
         if tenant.queued_tokens + reserved > limits.max_queued_tokens:
             return Effects(replies=[self.queued_refusal(cmd, tenant, limits, reserved)])
         return self.admit(state, tenant, limits, cmd, reserved, self.versions.draw(candidates), None, now, True)
@@ -48,9 +48,9 @@ class HeldWork:
         return now + timedelta(seconds=min(window_s, cmd.completion_window_s or window_s))
 
     @staticmethod
-    def start_order(ticket: HeldAttempt, worker_id: str, tier: str) -> StartAttempt:
+    def start_order(ticket: HeldAttempt, choice: WorkerChoice, tier: str) -> StartAttempt:
         return StartAttempt(tenant_id=ticket.tenant_id, generation_id=ticket.generation_id, epoch=ticket.epoch,
-                            worker_id=worker_id, model_version=ticket.model_version,
+                            worker_id=choice.worker_id, model_version=ticket.model_version, **choice.promise,
                             input_token_ids=ticket.input_token_ids, max_output_tokens=ticket.max_output_tokens,
                             sampling=ticket.sampling, weight=ticket.weight, deadline_at=ticket.expires_at, tier=tier)
 
@@ -72,19 +72,19 @@ class HeldWork:
             if choice is None:
                 blocked.add(ticket.model_version)
                 continue
-            effects.extend(self.dispatch(state, ticket, choice.worker_id, demand, now))
+            effects.extend(self.dispatch(state, ticket, choice, demand, now))
         return effects
 
-    def dispatch(self, state: PartitionState, ticket: HeldAttempt, worker_id: str, demand: Demand,
+    def dispatch(self, state: PartitionState, ticket: HeldAttempt, choice: WorkerChoice, demand: Demand,
                  now: datetime) -> Effects:
         state.release_held(ticket.generation_id)
         gen = state.find(ticket.tenant_id, ticket.generation_id)
         if gen is None or gen.status != "active" or gen.epoch != ticket.epoch:
             return Effects(tombstones=[ticket.changelog_key])  # ended meanwhile: nothing to run
-        moved = gen.model_copy(update={"worker_id": worker_id, "dispatched_at": now, "queued": False})
+        moved = gen.model_copy(update={"worker_id": choice.worker_id, "dispatched_at": now, "queued": False})
         state.record(moved)
-        self.registry.hold(worker_id, gen.generation_id, demand, now.timestamp())
-        return Effects(dispatch=[self.start_order(ticket, worker_id, gen.tier)], changelog=[moved],
+        self.registry.hold(choice.worker_id, gen.generation_id, demand, now.timestamp())
+        return Effects(dispatch=[self.start_order(ticket, choice, gen.tier)], changelog=[moved],
                        tombstones=[ticket.changelog_key])
 
     def expire_held(self, state: PartitionState, ticket: HeldAttempt, now: datetime) -> Effects:

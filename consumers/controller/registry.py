@@ -56,6 +56,13 @@ class WorkerChoice:
     room_tokens: int
     queue_s: float
     waits_for_kv: bool = False
+    model_queue_s: float | None = None  # the queue model's own prediction, before the worker's reported error
+
+    @property
+    def promise(self) -> dict[str, int | None]:
+        """The StartAttempt fields that carry the wait it was routed with, for the worker to measure against."""
+        return {"predicted_wait_ms": round(self.queue_s * 1000),
+                "model_wait_ms": None if self.model_queue_s is None else round(self.model_queue_s * 1000)}
 
 
 @dataclass(frozen=True)
@@ -185,6 +192,15 @@ class WorkerRegistry:
             prefill_s = queued / rate
         return prefill_s + deficit / rate, deficit > 0
 
+    @staticmethod
+    def calibrated_s(view: WorkerView, demand: Demand, model_s: float) -> float:
+        """The model's wait plus what it missed on this worker lately (heartbeat `wait_error_ms`, measured on
+        interactive attempts: batch work waits behind every prompt and is not promised a latency)."""
+        error_ms = view.heartbeat.wait_error_ms
+        if demand.batch or error_ms is None:
+            return model_s
+        return max(0.0, model_s + error_ms / 1000)
+
     def candidates(self, model_version: str, demand: Demand, now: float, exclude: frozenset[str]):
         for worker_id, view in self.workers.items():
             hb = view.heartbeat
@@ -201,10 +217,11 @@ class WorkerRegistry:
         """
         best: WorkerChoice | None = None
         for worker_id, view in self.candidates(model_version, demand, now, exclude):
-            queue_s, waits = self.predicted_wait_s(view, demand, decode_tokens_per_s)
+            model_s, waits = self.predicted_wait_s(view, demand, decode_tokens_per_s)
+            queue_s = self.calibrated_s(view, demand, model_s)
             if queue_s > allowance_s or (waits and not may_wait):
                 continue
-            choice = WorkerChoice(worker_id, view.room_tokens, queue_s, waits)
+            choice = WorkerChoice(worker_id, view.room_tokens, queue_s, waits, model_s)
             if best is None or (choice.queue_s, -choice.room_tokens) < (best.queue_s, -best.room_tokens):
                 best = choice
         return best
@@ -212,7 +229,7 @@ class WorkerRegistry:
     def shortest_wait_s(self, model_version: str, demand: Demand, decode_tokens_per_s: float,
                         now: float) -> float | None:
         """The best predicted wait over every ready worker with the version, whatever the allowance."""
-        waits = [self.predicted_wait_s(view, demand, decode_tokens_per_s)[0]
+        waits = [self.calibrated_s(view, demand, self.predicted_wait_s(view, demand, decode_tokens_per_s)[0])
                  for _, view in self.candidates(model_version, demand, now, frozenset())]
         return min(waits, default=None)
 

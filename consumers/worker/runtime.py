@@ -24,6 +24,7 @@ import uuid
 from datetime import UTC, datetime
 
 from consumers.worker.attempts import Attempt
+from consumers.worker.calibration import WaitCalibration
 from consumers.worker.capacity import KVAccounting
 from consumers.worker.engine_setup import engine_config, load_engine  # noqa: F401 -- callers import them here
 from consumers.worker.engine_thread import EngineThread
@@ -63,6 +64,7 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
         self.producer = make_producer(kafka, client_id=self.worker_id)
         self.consumer = make_consumer(kafka, client_id=self.worker_id, auto_offset_reset="latest")
         self.dispatch_read = ReadThrough()  # how far this worker's orders are read (heartbeats carry it)
+        self.waits = WaitCalibration()  # how wrong the controller's wait predictions were here (heartbeats)
         self.draining = False
         self.stale_commands = 0
         self.self_fenced: dict[str, int] = {}  # generation id -> epoch, until the controller cancels it
@@ -111,7 +113,8 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
                                if thread is not None and thread.prefill_step_s else None,
                                max_batched_tokens=self.engine.config.max_num_batched_tokens,
                                incarnation=self.incarnation, attempts=self.held(),
-                               dispatch_read_through=self.read_through_at())
+                               dispatch_read_through=self.read_through_at(),
+                               wait_error_ms=self.waits.error_ms(time.monotonic()))
 
     def held(self) -> tuple[str, ...] | None:
         """"<generation>:<epoch>" of every attempt the worker holds (running, ending, waiting for room), or None

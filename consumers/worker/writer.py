@@ -58,7 +58,7 @@ class AttemptWriter:
         if attempt is None:
             return
         choice = choice_of(output.request_id)
-        observe_output(self.metrics, attempt, output, time.monotonic())
+        observe_output(self.metrics, attempt, output, time.monotonic(), self.waits)
         attempt.observe(output, choice)
         if attempt.unstarted and choice == 0:
             self.start_choices(attempt, output)

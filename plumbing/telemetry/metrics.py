@@ -134,6 +134,9 @@ class WorkerMetrics:
                              buckets=ITL_BUCKETS, registry=r)
         self.queue_time = Histogram(f"{PREFIX}request_queue_time_seconds",
                                     "Admission -> first scheduled by the engine", buckets=REQUEST_BUCKETS, registry=r)
+        self.wait_promise_ratio = Histogram(
+            f"{PREFIX}queue_wait_promise_ratio", "Observed / predicted wait before the first scheduling, per tier",
+            ["tier"], buckets=(0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0), registry=r)
         self.e2e = Histogram(f"{PREFIX}e2e_request_latency_seconds", "Admission -> end of the attempt",
                              buckets=REQUEST_BUCKETS, registry=r)
         self.cancellation_lag = Histogram(f"{PREFIX}cancellation_lag_seconds",

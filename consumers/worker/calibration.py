@@ -1,0 +1,43 @@
+"""How wrong the controller's wait predictions were on this worker, fed back through heartbeats.
+
+    StartAttempt.predicted_wait_ms   the promise: the wait before its prefill starts, as routed (calibrated)
+    StartAttempt.model_wait_ms       the same from the queue model alone (uncorrected)
+    observed                         decided (occurred_at) ─▶ accepted here ─▶ first scheduled by the engine
+
+The worker keeps the recent errors `observed - model` of interactive attempts and reports their median as
+`WorkerHeartbeat.wait_error_ms`; the controller adds it to the model's prediction. The error is measured
+against the uncorrected model, so the correction never feeds on itself. What the model misses is what it
+does not see: the dispatch through the broker, the controller's own transaction, and the decode steps that
+run between queued prefill chunks at the current batch size.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+from schemas.dispatch import StartAttempt
+
+# Errors remembered: enough for a stable median, few enough to follow a change of load within a minute.
+WINDOW = 64
+MAX_AGE_S = 120.0
+
+
+class WaitCalibration:
+    def __init__(self) -> None:
+        self.errors: deque[tuple[float, float]] = deque(maxlen=WINDOW)  # (monotonic at, observed - model, s)
+
+    def observe(self, order: StartAttempt, observed_s: float, now: float) -> None:
+        if order.tier == "interactive" and order.model_wait_ms is not None:
+            self.errors.append((now, observed_s - order.model_wait_ms / 1000))
+
+    def error_ms(self, now: float) -> float | None:
+        """Median error of the recent interactive attempts (None: none within MAX_AGE_S)."""
+        recent = [error for at, error in self.errors if now - at <= MAX_AGE_S]
+        return round(statistics.median(recent) * 1000, 1) if recent else None
+
+
+def promise_ratio(order: StartAttempt, observed_s: float) -> float | None:
+    """observed / promised wait; a promise under 10 ms counts as 10 ms (an idle worker promises 0)."""
+    if order.predicted_wait_ms is None:
+        return None
+    return observed_s / max(order.predicted_wait_ms / 1000, 0.01)
