@@ -245,7 +245,7 @@ def skip_cost_in_process(records: int = 200_000) -> dict:
     """CPU of the bridge's hot path on records nobody watches, without Kafka: the floor under the idle gateway."""
     from aiokafka import ConsumerRecord
 
-    from producers.gateway.bridge import StreamBridge
+    from producers.gateway.streams.bridge import StreamBridge
     from schemas.codec import encode, record_headers, record_key
     from schemas.stream import TokensEmitted
     from schemas.topics import TOKENS

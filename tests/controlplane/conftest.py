@@ -302,7 +302,7 @@ async def paced_worker(start_worker, controller):
 
 @pytest.fixture(scope="session")
 async def gateway(cp_kafka, database_url, cp_settings, versions, controller):
-    from producers.gateway.app import create_app
+    from producers.gateway.http.app import create_app
 
     # This gateway reads and decodes every partition, as gateways did before they shared the token stream, so
     # a test can watch any generation's tokens on its bridge; sharing is tested with gateway processes

@@ -26,7 +26,7 @@ RANDOM_KEY = {"Authorization": f"Bearer llm_{secrets.token_hex(20)}"}
 @asynccontextmanager
 async def gateway_on(database_url: str, cp_kafka, cp_settings, **overrides):
     """A gateway of this test's own on `database_url` (its bridge replays a second of log, not the session's)."""
-    from producers.gateway.app import create_app
+    from producers.gateway.http.app import create_app
 
     settings = cp_settings.model_copy(update={"gateway_share_stream": False, "bridge_replay_max_s": 1.0, **overrides})
     app = create_app(settings, cp_kafka("gateway"), database_url)

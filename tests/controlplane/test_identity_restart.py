@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from consumers.controller.runtime import Controller
 from plumbing.kafka.clients import make_consumer, make_producer, partitions_of, publish, read_to_end
 from plumbing.kafka.groups import move_group_to_end
-from producers.gateway.admission import AdmissionClient
+from producers.gateway.admission.client import AdmissionClient
 from schemas.changelog import identity_key
 from schemas.commands import ReleaseReservation, SubmitGeneration
 from schemas.registry_events import WorkerHeartbeat

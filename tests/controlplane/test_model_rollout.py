@@ -71,7 +71,7 @@ def with_golden(model_dir: Path, out: Path, expect: dict) -> Path:
 async def gated_plane(bootstrap: str, database_url: str, settings: Settings):
     """A controller with `settings` (its own group) and a gateway for it, in this process."""
     from consumers.controller.runtime import Controller
-    from producers.gateway.app import create_app
+    from producers.gateway.http.app import create_app
 
     await move_group_to_end(bootstrap, settings.controller_group, "llm.commands")
     controller = Controller(settings, bootstrap)

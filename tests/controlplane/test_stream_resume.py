@@ -11,9 +11,9 @@ import json
 import time
 
 from plumbing.settings import Settings
+from producers.gateway.streams.delivery import SLOW_CONSUMER_GRACE_S
 from projections.registry import all_projections
 from projections.runtime import Projector
-from producers.gateway.delivery import SLOW_CONSUMER_GRACE_S
 from tests.controlplane.conftest import body, post_until_admitted, wait_until
 
 

@@ -7,8 +7,8 @@ import time
 
 import uvicorn
 
-from producers.gateway.stalls import GatewayApp
-from producers.gateway.delivery import ClosingStreamingResponse
+from producers.gateway.http.stalls import GatewayApp
+from producers.gateway.streams.delivery import ClosingStreamingResponse
 
 
 def streaming_app(stall_s: float, finished: list[str]) -> GatewayApp:

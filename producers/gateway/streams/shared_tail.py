@@ -25,10 +25,10 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from plumbing.kafka.clients import Kafka, partitions_of
 from plumbing.kafka.follower import StartPositions
-from producers.gateway.backfill import Backfill
-from producers.gateway.bridge_readers import GuestReader, OwnedReader, topic_partitions
-from producers.gateway.interest import Interest
-from producers.gateway.recent import RecentRecords
+from producers.gateway.streams.backfill import Backfill
+from producers.gateway.streams.interest import Interest
+from producers.gateway.streams.readers import GuestReader, OwnedReader, topic_partitions
+from producers.gateway.streams.recent import RecentRecords
 from schemas.codec import DecodeError, decode
 from schemas.commands import StreamShare
 from schemas.envelope import Envelope

@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from producers.gateway.admission.requests import ResponseFormat
 from producers.gateway.errors import ApiError
-from producers.gateway.requests import ResponseFormat
 
 
 class JsonSchemaFormat(BaseModel):

@@ -9,15 +9,15 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from producers.gateway.admission.prompts import EffectivePrompt
+from producers.gateway.admission.requests import GenerationRequest
 from producers.gateway.database import Principal
 from producers.gateway.errors import ApiError
-from producers.gateway.prompts import EffectivePrompt
-from producers.gateway.requests import GenerationRequest
 from schemas.commands import StreamShare, SubmitGeneration
 from schemas.replies import AdmissionDecision
 
 if TYPE_CHECKING:
-    from producers.gateway.admission import AdmissionClient
+    from producers.gateway.admission.client import AdmissionClient
     from producers.gateway.gateway import Gateway
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def decision_error(decision: AdmissionDecision) -> ApiError:
 
 async def refuse_without_workers(gateway: "Gateway", principal: Principal, body: GenerationRequest,
                                  prompt: EffectivePrompt) -> None:
-    """503 at once when no live worker could ever take the request (see `producers.gateway.workers`)."""
+    """503 at once when no live worker could ever take the request (see `producers.gateway.admission.workers`)."""
     if not gateway.workers_follower.caught_up.is_set():
         return
     total = len(prompt.token_ids) + prompt.max_output_tokens * prompt.sampling.n

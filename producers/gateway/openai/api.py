@@ -32,21 +32,21 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
+from producers.gateway.admission.prompts import EffectivePrompt
+from producers.gateway.admission.requests import GenerationRequest
+from producers.gateway.admission.slots import STREAMS, WAITING, holding
+from producers.gateway.admission.submit import submit_generation
 from producers.gateway.database import Principal
 from producers.gateway.errors import ApiError, openai_error_response
 from producers.gateway.gateway import principal_of
-from producers.gateway.openai_chunks import End, Piece, TokenTexts, end_of
-from producers.gateway.openai_reply import Reply, answer, stream
-from producers.gateway.openai_requests import (
+from producers.gateway.native.status import TERMINAL, read_status
+from producers.gateway.openai.chunks import End, Piece, TokenTexts, end_of
+from producers.gateway.openai.reply import Reply, answer, stream
+from producers.gateway.openai.requests import (
     OPENAI_FIELD, ChatCompletionRequest, CompletionRequest, OpenAIRequest,
 )
-from producers.gateway.prompts import EffectivePrompt
-from producers.gateway.requests import GenerationRequest
-from producers.gateway.slots import STREAMS, WAITING, holding
-from producers.gateway.status import TERMINAL, read_status
-from producers.gateway.delivery import ClosingStreamingResponse
-from producers.gateway.submit import submit_generation
-from producers.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
+from producers.gateway.openai.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
+from producers.gateway.streams.delivery import ClosingStreamingResponse
 
 if TYPE_CHECKING:
     from producers.gateway.gateway import Gateway

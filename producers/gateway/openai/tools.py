@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from producers.gateway.admission.requests import ResponseFormat
 from producers.gateway.errors import ApiError
-from producers.gateway.requests import ResponseFormat
 
 HERMES_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 

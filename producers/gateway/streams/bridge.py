@@ -27,11 +27,11 @@ from contextlib import asynccontextmanager
 
 from plumbing.kafka.clients import Kafka
 from plumbing.kafka.follower import StartPositions
-from producers.gateway.generation_view import (
+from producers.gateway.streams.generation_view import (
     FINAL_GRACE_S, KEEP_ENDED_S, REASON_OF_TERMINAL, STATUS_OF_TERMINAL, WATERMARK_WAIT_S, FinalEvent,
     GenerationView,
 )
-from producers.gateway.shared_tail import SharedTail
+from producers.gateway.streams.shared_tail import SharedTail
 from schemas.envelope import Envelope
 from schemas.lifecycle import (
     Admitted, AttemptStarted, CancelRequested, Canceled, Completed, Expired, Failed, Interrupted, Rejected,

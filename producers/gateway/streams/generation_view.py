@@ -1,6 +1,6 @@
 """What the stream bridge knows of one generation: its lifecycle, streams per epoch and final event.
 
-A view is `partial` while its records may be skipped (no local subscriber: `producers/gateway/interest.py`);
+A view is `partial` while its records may be skipped (no local subscriber: `producers/gateway/streams/interest.py`);
 the bridge writes no final event of its own for a partial view, since its last seq is not known.
 """
 from __future__ import annotations

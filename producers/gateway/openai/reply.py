@@ -18,12 +18,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from producers.gateway.errors import ApiError
-from producers.gateway.openai_chunks import (
+from producers.gateway.openai.chunks import (
     FINISH_REASONS, CompletionLogprobs, End, Piece, TokenTexts, chat_logprobs, echo_entries, output_entries,
     prompt_logprobs_vllm, sse_chunk,
 )
-from producers.gateway.openai_requests import CompletionRequest, OpenAIRequest
-from producers.gateway.openai_tools import ToolMode, tool_calls_of
+from producers.gateway.openai.requests import CompletionRequest, OpenAIRequest
+from producers.gateway.openai.tools import ToolMode, tool_calls_of
 from schemas.stream import TokenLogprob
 
 log = logging.getLogger(__name__)

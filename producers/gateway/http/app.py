@@ -1,7 +1,7 @@
 """The gateway's HTTP app (FastAPI): one `Gateway` (`gateway.py`) behind three routers.
 
-    native_api.py    /v1/generations...,  /v1/usage          errors: {"code", "message", "details"}
-    openai_api.py    /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize
+    native/api.py    /v1/generations...,  /v1/usage          errors: {"code", "message", "details"}
+    openai/api.py    /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize
                                                              errors: OpenAI's {"error": {...}}  (both: errors.py)
     here             GET /healthz, /readyz, /health, /metrics  alive | ready | vLLM's probe | Prometheus text
 """
@@ -16,10 +16,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from plumbing.kafka.clients import Kafka
 from plumbing.settings import Settings
 from plumbing.telemetry.metrics import exposition
-from producers.gateway import errors, native_api, openai_api, openapi_doc
+from producers.gateway import errors
 from producers.gateway.gateway import Gateway
-from producers.gateway.middleware import BodyLimit, ResponseMetrics
-from producers.gateway.stalls import GatewayApp
+from producers.gateway.http import openapi_doc
+from producers.gateway.http.middleware import BodyLimit, ResponseMetrics
+from producers.gateway.http.stalls import GatewayApp
+from producers.gateway.native import api as native_api
+from producers.gateway.openai import api as openai_api
 
 
 def probes(gateway: Gateway) -> APIRouter:

@@ -27,9 +27,9 @@ from cachetools import LRUCache, TTLCache
 
 from plumbing.settings import Settings
 from producers.api_keys import could_be_key, hash_api_key
+from producers.gateway.auth.key_directory import KeyDirectory, Refused
 from producers.gateway.database import GatewayDatabase, Principal
 from producers.gateway.errors import ApiError, DatabaseUnavailable
-from producers.gateway.key_directory import KeyDirectory, Refused
 
 
 @dataclass

@@ -6,8 +6,8 @@ not caught up yet. Another tenant's generation is reported as not found.
 """
 from __future__ import annotations
 
-from producers.gateway.bridge import StreamBridge
 from producers.gateway.database import GatewayDatabase
+from producers.gateway.streams.bridge import StreamBridge
 
 TERMINAL = {"completed", "canceled", "interrupted", "expired", "failed", "rejected"}
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from engine.errors import RequestError
 from engine.request import StructuredOutput
+from producers.gateway.admission.requests import GenerationRequest, logit_bias_pairs
 from producers.gateway.errors import ApiError
-from producers.gateway.requests import GenerationRequest, logit_bias_pairs
 from producers.model_registry import TOKENIZER_FILES
 from schemas.envelope import Envelope
 from schemas.model_book import ModelBook
@@ -84,7 +84,7 @@ def template_input(tokenizer, messages: list, tools: list[dict] | None) -> tuple
     if "tools" in (getattr(tokenizer, "chat_template", None) or "") or not (
             tools or any("tool_calls" in m for m in dumped)):
         return dumped, tools
-    from producers.gateway.openai_tools import tools_system_prompt
+    from producers.gateway.openai.tools import tools_system_prompt
 
     for m in dumped:
         calls = m.pop("tool_calls", None) or []

@@ -15,15 +15,15 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from producers.gateway.openai_requests import ChatCompletionRequest, CompletionRequest
-from producers.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest
+from producers.gateway.openai.requests import ChatCompletionRequest, CompletionRequest
+from producers.gateway.openai.tokenize import DetokenizeRequest, TokenizeRequest
 
 ADMISSION = ("400", "401", "404", "409", "413", "429", "503", "504")
 # (method, path) -> error statuses besides the documented successes. Every route with a key may answer 429
-# auth_rate_limited (producers/gateway/auth.py); streams also 429 too_many_streams (slots.py).
+# auth_rate_limited (producers/gateway/auth/authenticator.py); streams also 429 too_many_streams (admission/slots.py).
 RESPONSES: dict[tuple[str, str], tuple[str, ...]] = {
     ("post", "/v1/generations"): ADMISSION,
-    # 503 generation_unavailable: the caller's own id, not readable in read_your_writes_wait_s (lookup.py)
+    # 503 generation_unavailable: the caller's own id, not readable in read_your_writes_wait_s (native/lookup.py)
     ("get", "/v1/generations/{generation_id}"): ("401", "404", "429", "503"),
     ("get", "/v1/generations/{generation_id}/events"): ("400", "401", "404", "410", "429", "503"),
     ("post", "/v1/generations/{generation_id}/cancel"): ("401", "404", "429", "503"),

@@ -19,8 +19,8 @@ from fastapi import WebSocket
 from fastapi.responses import StreamingResponse
 
 from producers.gateway.errors import ApiError
-from producers.gateway.presence import Presence
-from producers.gateway.stream_events import StreamEvent, sse
+from producers.gateway.streams.events import StreamEvent, sse
+from producers.gateway.streams.presence import Presence
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The gateway's own map of API key hashes to tenants, followed from `llm.tenants` into memory.
 
-    llm.tenants (compacted) ──Follower, from the beginning──▶ ApiKeyIndex ──▶ Authenticator (auth.py)
+    llm.tenants (compacted) ──Follower, from the beginning──▶ ApiKeyIndex ──▶ Authenticator (authenticator.py)
                                                                             └─ unknown here: Postgres
 
 The `tenants` projection can be dropped and rebuilt under running gateways

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from starlette.responses import Response
 
 from producers.gateway.errors import ApiError
-from producers.gateway.delivery import ClosingStreamingResponse
+from producers.gateway.streams.delivery import ClosingStreamingResponse
 
 STREAMS = "streams"
 WAITING = "waiting"

@@ -12,14 +12,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.limits import MAX_LOGPROBS, MAX_PENALTY, MAX_REPETITION_PENALTY, MAX_STOP_TOKEN_IDS
-from producers.gateway.errors import ApiError
-from producers.gateway.openai_structured import OpenAIResponseFormat, StructuredOutputs, structured_format
-from producers.gateway.openai_tools import NamedToolChoice, Tool, ToolCall, ToolMode, template_tools, tool_constraint, \
-    tool_mode
-from producers.gateway.requests import (
+from producers.gateway.admission.requests import (
     LOGIT_BIAS_DOC, MAX_CHOICES, STOP_DOC, STOP_TOKEN_IDS_DOC, TEMPERATURE_DOC, GenerationRequest, Message,
     bounded_logit_bias, bounded_stop,
 )
+from producers.gateway.errors import ApiError
+from producers.gateway.openai.structured import OpenAIResponseFormat, StructuredOutputs, structured_format
+from producers.gateway.openai.tools import NamedToolChoice, Tool, ToolCall, ToolMode, template_tools, tool_constraint, \
+    tool_mode
 
 # OpenAI's documented default for /v1/completions; chat defaults to the rest of the context.
 COMPLETION_DEFAULT_MAX_TOKENS = 16

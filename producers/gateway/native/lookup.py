@@ -8,7 +8,7 @@
 A miss costs what it cost before (one status read); only an id the
 controller minted for the caller's own tenant (`schemas.generation_ids`)
 ever waits, and such an id is an admitted generation: the bridge, which
-replays whatever the projections have not applied (`replay.py`), reaches
+replays whatever the projections have not applied (`streams/replay.py`), reaches
 it within a fetch or two of the 201 on any gateway.
 """
 from __future__ import annotations
@@ -18,10 +18,10 @@ import logging
 import time
 
 from plumbing.settings import Settings
-from producers.gateway.bridge import StreamBridge
 from producers.gateway.database import GatewayDatabase
 from producers.gateway.errors import ApiError
-from producers.gateway.status import read_status
+from producers.gateway.native.status import read_status
+from producers.gateway.streams.bridge import StreamBridge
 from schemas.generation_ids import owned_by
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
-"""Native streams of one generation: resume cursors and the event source (`delivery.py` queues it for one
-connection, `stream_events.py` writes its events).
+"""Native streams of one generation: resume cursors and the event source (`streams/delivery.py` queues it for one
+connection, `streams/events.py` writes its events).
 
     resume buffer (Postgres) ──┐
                                ├──▶ source ──▶ BoundedDelivery ──▶ one client
@@ -22,12 +22,12 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 
-from producers.gateway.bridge import StreamBridge
 from producers.gateway.database import GatewayDatabase, StreamProgress
 from producers.gateway.errors import ApiError
-from producers.gateway.generation_view import GenerationView
-from producers.gateway.status import TERMINAL
-from producers.gateway.stream_events import StreamEvent, buffered_event, final_payload, token_event
+from producers.gateway.native.status import TERMINAL
+from producers.gateway.streams.bridge import StreamBridge
+from producers.gateway.streams.events import StreamEvent, buffered_event, final_payload, token_event
+from producers.gateway.streams.generation_view import GenerationView
 
 log = logging.getLogger(__name__)
 

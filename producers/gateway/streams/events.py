@@ -1,6 +1,6 @@
 """A native stream's events and their two wire forms: SSE frames and WebSocket messages.
 
-Apart from the queue and the transports (`delivery.py`) and the source (`streams.py`), so each of those
+Apart from the queue and the transports (`delivery.py`) and the source (`native/streams.py`), so each of those
 builds events without importing the others. Token events are every stream's hot path: `token_event`
 writes their JSON directly, the same text json.dumps would write.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from producers.gateway.generation_view import FinalEvent
+from producers.gateway.streams.generation_view import FinalEvent
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The native API, beside the OpenAI-compatible one (`openai_api.py`); errors in the native shape (`errors.py`).
+"""The native API, beside the OpenAI-compatible one (`openai/api.py`); errors in the native shape (`errors.py`).
 
     POST /v1/generations               201 new | 200 existing | 400 | 401 | 404 model | 409 | 429 | 503
     GET  /v1/generations/{id}          status (404 for unknown or another tenant's id; the caller's own is found
@@ -19,19 +19,19 @@ from datetime import UTC, datetime, timedelta
 from fastapi import APIRouter, Query, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
+from producers.gateway.admission.requests import GenerationRequest
+from producers.gateway.admission.slots import STREAMS, WAITING, holding
+from producers.gateway.admission.submit import submit_generation
 from producers.gateway.database import Principal
-from producers.gateway.delivery import (
-    BoundedDelivery, ClosingStreamingResponse, close_with_error, serve_websocket, sse_body,
-)
 from producers.gateway.errors import ApiError
 from producers.gateway.gateway import Gateway, principal_of
-from producers.gateway.lookup import find_generation
-from producers.gateway.requests import GenerationRequest
-from producers.gateway.slots import STREAMS, WAITING, holding
-from producers.gateway.status import TERMINAL, read_status
-from producers.gateway.stream_events import final_payload
-from producers.gateway.streams import follow_live, open_source, parse_cursor
-from producers.gateway.submit import submit_generation
+from producers.gateway.native.lookup import find_generation
+from producers.gateway.native.status import TERMINAL, read_status
+from producers.gateway.native.streams import follow_live, open_source, parse_cursor
+from producers.gateway.streams.delivery import (
+    BoundedDelivery, ClosingStreamingResponse, close_with_error, serve_websocket, sse_body,
+)
+from producers.gateway.streams.events import final_payload
 from schemas.commands import CancelGeneration
 
 
@@ -50,7 +50,7 @@ class NativeApi:
                                gateway.deliveries)
 
     def event_stream(self, generation_id: str, first: dict, source, after: int, status_code: int = 200):
-        """SSE of `source` behind this connection's bounded queue (see delivery.py)."""
+        """SSE of `source` behind this connection's bounded queue (see streams/delivery.py)."""
         return ClosingStreamingResponse(sse_body(first, self.delivery(generation_id, source, after)),
                                         status_code=status_code, media_type="text/event-stream",
                                         headers={"Cache-Control": "no-cache"})

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from aiokafka import TopicPartition
 
 from plumbing.kafka.clients import Kafka, make_consumer
-from producers.gateway.bridge_readers import Positions
+from producers.gateway.streams.readers import Positions
 from schemas.codec import DecodeError, decode
 from schemas.envelope import Envelope
 

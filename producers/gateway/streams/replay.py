@@ -9,7 +9,7 @@ generation admitted before this gateway started, on any gateway, is in one of
 the two however far the projector lags (issue 19: read-your-writes). The
 replay is bounded by log time (`bridge_replay_max_s`) and by retention: a
 projection further behind than that leaves a hole, which reads of owned ids
-wait out and then answer 503, never 404 (`producers/gateway/lookup.py`).
+wait out and then answer 503, never 404 (`producers/gateway/native/lookup.py`).
 This works per partition, so a gateway following only its share of the
 partitions starts each of them the same way.
 """

@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from producers.gateway.admission.prompts import ModelCatalog, vocab_size
 from producers.gateway.errors import ApiError
-from producers.gateway.openai_requests import ChatMessage
-from producers.gateway.prompts import ModelCatalog, vocab_size
+from producers.gateway.openai.requests import ChatMessage
 
 
 class TokenizeRequest(BaseModel):

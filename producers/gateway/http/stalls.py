@@ -1,6 +1,6 @@
 """Clients that stop reading: their connection is aborted once a write has made no progress for a while.
 
-A stream's bounded queue (streams.BoundedDelivery) caps how many events one
+A stream's bounded queue (BoundedDelivery, `streams/delivery.py`) caps how many events one
 connection can make the gateway hold; below it the server's transport buffer
 (uvicorn's flow control: 64 KiB) caps the bytes. Neither ends a connection
 whose client never reads again: its last send simply waits for room forever.
