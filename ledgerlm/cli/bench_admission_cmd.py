@@ -24,7 +24,7 @@ def register_admission(bench: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.admission_bench import run_admission_bench
+    from bench.admission import run_admission_bench
     from engine.demo_model import build_demo_model
 
     settings = Settings()

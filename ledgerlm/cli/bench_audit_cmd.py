@@ -18,7 +18,7 @@ def register_audit(bench: argparse._SubParsersAction) -> None:
 
 
 def run_audit_bench(args: argparse.Namespace) -> int:
-    from bench.audit_bench import main
+    from bench.audit.run import main
 
     settings = Settings()
     report = main(kafka_access(settings), database_url(settings), args.generations, args.tokens)

@@ -28,7 +28,7 @@ def register_batch(bench: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see `bench engine`
-    from bench.batch_bench import BatchConfig, run_batch_bench
+    from bench.batch import BatchConfig, run_batch_bench
 
     if args.count < 1 or args.output_tokens < 1 or args.interactive < 0 or args.timeout_s <= 0:
         raise CliError("--count and --output-tokens must be at least 1, --interactive at least 0, "

@@ -31,7 +31,7 @@ def register_capacity(bench: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see `bench engine`
-    from bench.capacity_bench import configure, run_capacity_bench
+    from bench.capacity.run import configure, run_capacity_bench
 
     try:
         config = configure(args.quick, args.levels, args.duration_s, args.servers, args.mixes, args.engine_levels)

@@ -49,9 +49,9 @@ def positive(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.chaos_bench import ChaosConfig
-    from bench.chaos_fleet import LoadFaultTimes
-    from bench.chaos_repeat import failed, run_repeated
+    from bench.chaos.fleet import LoadFaultTimes
+    from bench.chaos.repeat import failed, run_repeated
+    from bench.chaos.run import ChaosConfig
     from engine.demo_model import build_demo_model
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -62,7 +62,7 @@ def run_engine_bench(args: argparse.Namespace) -> int:
     # policy, 2 OpenMP threads on a 2-core machine shared with other processes
     # ran the quick engine run 4x slower (21.7 s vs 5.2 s) than with PASSIVE.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from bench.engine_bench import run_bench
+    from bench.engine.run import run_bench
 
     contenders = tuple(c.strip() for c in args.contenders.split(",") if c.strip())
     unknown = set(contenders) - {"engine", "hf_generate", "hf_continuous"}
@@ -80,8 +80,8 @@ def run_engine_bench(args: argparse.Namespace) -> int:
             raise CliError(f"--model {args.model}: {exc}") from None
         targets = {"ratio_vs_hf_generate": 2.0, "decode_step_ratio_to_bound_batch8": 1.5}
     if args.structured:
-        from bench.engine_bench import ensure_model
-        from bench.structured_bench import run_structured_bench
+        from bench.engine.run import ensure_model
+        from bench.engine.structured import run_structured_bench
 
         report = run_structured_bench(ensure_model(Path(model_dir)), quick=args.quick)
         args.json.parent.mkdir(parents=True, exist_ok=True)

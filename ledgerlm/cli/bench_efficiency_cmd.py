@@ -31,7 +31,7 @@ def register_efficiency(bench: argparse._SubParsersAction) -> None:
 def config_of(args: argparse.Namespace):
     from dataclasses import replace
 
-    from bench.efficiency_bench import QUICK, EfficiencyConfig
+    from bench.efficiency.run import QUICK, EfficiencyConfig
 
     config = QUICK if args.quick else EfficiencyConfig()
     if args.levels:
@@ -51,8 +51,8 @@ def config_of(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see `bench engine`
-    from bench.efficiency_bench import run_efficiency_bench
-    from bench.efficiency_page import efficiency_page
+    from bench.efficiency.page import efficiency_page
+    from bench.efficiency.run import run_efficiency_bench
 
     if args.from_json is not None:
         if args.markdown is None:

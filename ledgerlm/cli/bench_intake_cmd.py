@@ -25,7 +25,7 @@ def register_intake(bench: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.intake_bench import run_intake_bench
+    from bench.intake import run_intake_bench
     from engine.demo_model import build_demo_model
 
     settings = Settings()

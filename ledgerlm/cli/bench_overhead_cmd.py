@@ -30,8 +30,8 @@ def register_overhead(bench: argparse._SubParsersAction) -> None:
 
 
 def config_of(args: argparse.Namespace):
-    from bench.overhead_bench import QUICK, OverheadConfig
-    from bench.overhead_load import MIXES
+    from bench.overhead.load import MIXES
+    from bench.overhead.run import QUICK, OverheadConfig
 
     config = QUICK if args.quick else OverheadConfig()
     if args.mixes:
@@ -50,7 +50,7 @@ def config_of(args: argparse.Namespace):
 
 def served_model(settings: Settings, spec: str):
     """The model ready, registered on `llm.models`, with its directory and context."""
-    from bench.overhead_bench import ServedModel
+    from bench.overhead.run import ServedModel
     from ledgerlm import stack_model
     from ledgerlm.cli.endpoints import kafka_access
 
@@ -72,7 +72,7 @@ def served_model(settings: Settings, spec: str):
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch, and inherited by the roles: see `bench engine`
-    from bench.overhead_bench import run_overhead_bench
+    from bench.overhead.run import run_overhead_bench
 
     settings = Settings()
     config = config_of(args)

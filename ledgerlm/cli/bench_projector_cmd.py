@@ -17,7 +17,7 @@ def register_projector(bench: argparse._SubParsersAction) -> None:
 
 
 def run_projector_bench(args: argparse.Namespace) -> int:
-    from bench.projector_bench import main
+    from bench.projector import main
 
     settings = Settings()
     report = main(settings, kafka_access(settings), database_url(settings), args.quick)

@@ -25,7 +25,7 @@ def register_serve(bench: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see `bench engine`
-    from bench.serve_bench import run_serve_bench
+    from bench.serve.run import run_serve_bench
     from engine.demo_model import build_demo_model
 
     settings = Settings()

@@ -23,7 +23,7 @@ def register_stream(bench: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.stream_bench import run_stream_bench
+    from bench.stream.run import run_stream_bench
 
     seconds = args.seconds or (5.0 if args.quick else 20.0)
     if args.gateways > 1:
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_gateways(args: argparse.Namespace, seconds: float) -> int:
-    from bench.stream_gateways import run_gateways_bench
+    from bench.stream.gateways import run_gateways_bench
 
     report = asyncio.run(run_gateways_bench(args.clients, args.rate, seconds, args.gateways,
                                             Settings().home / "bench" / "stream-gateways"))

@@ -13,8 +13,8 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from bench.chaos_fleet import REPLICA_FAULTS, SINGLE_FAULTS, build_fleet, faults_for
-from bench.chaos_gateways import Availability, GatewayRoute
+from bench.chaos.fleet import REPLICA_FAULTS, SINGLE_FAULTS, build_fleet, faults_for
+from bench.chaos.gateways import Availability, GatewayRoute
 
 
 def free_port() -> int:
