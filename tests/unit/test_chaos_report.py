@@ -98,7 +98,7 @@ def test_repeat_runs_every_time_sums_the_counts_and_names_the_failed_runs(monkey
 def test_repeat_must_be_at_least_one(text):
     import argparse
 
-    from ledgerlm.cli.bench_chaos_cmd import positive
+    from ledgerlm.cli.bench.chaos import positive
 
     with pytest.raises(argparse.ArgumentTypeError):
         positive(text)

@@ -1,4 +1,4 @@
-"""`ledgerlm bench engine [--quick] --json PATH`: benchmarks are programs with JSON output."""
+"""`ledgerlm bench engine [--quick] --json PATH`: this engine vs transformers (`--structured`: with a grammar)."""
 from __future__ import annotations
 
 import argparse
@@ -9,8 +9,7 @@ from pathlib import Path
 from ledgerlm.cli.errors import CliError
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks (JSON output)").add_subparsers(dest="bench", required=True)
+def register_engine(bench: argparse._SubParsersAction) -> None:
     engine = bench.add_parser("engine", help="this engine vs transformers generate / continuous batching")
     engine.add_argument("--json", required=True, type=Path, help="where to write the report")
     engine.add_argument("--quick", action="store_true", help="16 shorter requests; finishes in under a minute")
@@ -27,34 +26,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="instead: batch of 8 with a JSON schema vs without (llguidance and xgrammar), and "
                              "the compile time of a 30-field schema")
     engine.set_defaults(handler=run_engine_bench)
-
-    from ledgerlm.cli.bench_projector_cmd import register_projector
-    register_projector(bench)
-
-    from ledgerlm.cli.bench_admission_cmd import register_admission  # control plane (issue 4)
-    register_admission(bench)
-
-    from ledgerlm.cli.bench_stream_cmd import register_stream  # streaming bridge (issue 6)
-    register_stream(bench)
-
-    from ledgerlm.cli.bench_chaos_cmd import register_chaos  # faults under load (issue 7)
-    register_chaos(bench)
-
-    from ledgerlm.cli.bench_serve_cmd import register_serve  # serving SLOs vs transformers serve (issue 7)
-    register_serve(bench)
-
-    from ledgerlm.cli.bench_capacity_cmd import register_capacity  # closed-loop capacity, default settings (issue 12)
-    register_capacity(bench)
-    from ledgerlm.cli.bench_overhead_cmd import register_overhead  # CPU per role per request (issue 13)
-    register_overhead(bench)
-    from ledgerlm.cli.bench_efficiency_cmd import register_efficiency  # the platform vs its engine (issue 25)
-    register_efficiency(bench)
-    from ledgerlm.cli.bench_batch_cmd import register_batch  # the batch tier's completion window (issue 26)
-    register_batch(bench)
-    from ledgerlm.cli.bench_audit_cmd import register_audit  # audit replay speed (issue 18)
-    register_audit(bench)
-    from ledgerlm.cli.bench_intake_cmd import register_intake  # Kafka-native client API (issue 17)
-    register_intake(bench)
 
 
 def run_engine_bench(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from ledgerlm.cli.bench_capacity_cmd import MODEL, pulled_model
+from ledgerlm.cli.bench.capacity import MODEL, pulled_model
 from ledgerlm.cli.errors import CliError
 from plumbing.settings import Settings
 
