@@ -10,8 +10,9 @@ import httpx
 
 from producers.gateway.admission.slots import STREAMS, WAITING, TenantSlots
 from producers.gateway.auth.authenticator import Authenticator
-from tests.controlplane.conftest import wait_until
+
 from tests.controlplane.test_stream_resume import AsgiClient, start_generation
+from tests.waiting import wait_until
 
 
 async def test_a_random_key_flood_is_rate_limited_and_bounded_while_another_tenants_requests_succeed(

@@ -10,7 +10,7 @@ from bench.chaos.faults import FaultLog
 from bench.chaos.fleet import LOAD_FAULTS, faults_for
 from bench.chaos.load_faults import cpu_hog, freeze_pid
 from bench.efficiency.run import check, compare, outside_engine, role_costs
-from tests.controlplane.conftest import wait_until
+from tests.waiting import wait_until
 
 
 def test_role_costs_subtract_the_idle_burn_and_divide_by_output_tokens():
