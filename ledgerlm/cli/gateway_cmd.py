@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ledgerlm.cli.roles import configure_logging
-    from producers.gateway.app import create_app
+    from producers.gateway.http.app import create_app
 
     configure_logging("gateway")
     settings = Settings()

@@ -20,7 +20,7 @@ COMMAND_MODULES = (
     "ledgerlm.cli.tenants_cmd",
     "ledgerlm.cli.docs_cmd",
     "ledgerlm.cli.models_cmd",
-    "ledgerlm.cli.bench_cmd",
+    "ledgerlm.cli.bench",
     "ledgerlm.cli.project_cmd",
     "ledgerlm.cli.controller_cmd",
     "ledgerlm.cli.worker_cmd",

@@ -3,7 +3,7 @@
 Reads share a small pool of connections (`gateway_db_pool_size`), so one slow
 read (a flood of unknown keys, a large resume buffer) never queues every other
 tenant's reads behind it on one connection. Caching of key lookups is
-`producers.gateway.auth`'s business.
+`producers.gateway.auth.authenticator`'s business.
 
 A database that does not answer (unreachable, dropped, recreated but not
 migrated yet: the chaos run's projection rebuild) is `DatabaseUnavailable`, a

@@ -12,9 +12,9 @@ from typing import Protocol
 from plumbing.kafka.clients import Kafka, publish
 from plumbing.kafka.follower import Follower
 from plumbing.settings import Settings
-from producers.gateway.admission import AdmissionClient
-from producers.gateway.bridge import StreamBridge
-from producers.gateway.presence import Presence
+from producers.gateway.admission.client import AdmissionClient
+from producers.gateway.streams.bridge import StreamBridge
+from producers.gateway.streams.presence import Presence
 from schemas.commands import CancelGeneration
 from schemas.presence import WatchersChanged
 from schemas.topics import PRESENCE

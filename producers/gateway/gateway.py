@@ -1,5 +1,5 @@
 """One gateway process's parts: admission client, stream bridge, database, model catalog, workers board,
-key directory and authentication, per-tenant slots and presence; started and stopped together (`app.py` serves them).
+key directory and authentication, per-tenant slots and presence; started and stopped together (`http/app.py` serves them).
 
     principal_of(connection)  the caller's tenant from its API key, for every route of every API
 """
@@ -16,17 +16,17 @@ from plumbing.kafka.follower import Follower
 from plumbing.settings import Settings
 from plumbing.telemetry.metrics import GatewayMetrics
 from plumbing.telemetry.server import Readiness
-from producers.gateway.admission import AdmissionClient
-from producers.gateway.auth import Authenticator, presented_key
-from producers.gateway.bridge import StreamBridge
+from producers.gateway.admission.client import AdmissionClient
+from producers.gateway.admission.prompts import ModelCatalog
+from producers.gateway.admission.slots import STREAMS, WAITING, TenantSlots
+from producers.gateway.admission.workers import WorkerBoard
+from producers.gateway.auth.authenticator import Authenticator, presented_key
+from producers.gateway.auth.key_directory import KeyDirectory
 from producers.gateway.database import GatewayDatabase, Principal
 from producers.gateway.disconnects import DisconnectPolicy
-from producers.gateway.key_directory import KeyDirectory
-from producers.gateway.presence import Presence
-from producers.gateway.prompts import ModelCatalog
-from producers.gateway.replay import replay_from
-from producers.gateway.slots import STREAMS, WAITING, TenantSlots
-from producers.gateway.workers import WorkerBoard
+from producers.gateway.streams.bridge import StreamBridge
+from producers.gateway.streams.presence import Presence
+from producers.gateway.streams.replay import replay_from
 from schemas.registry_events import WorkerHeartbeat
 from schemas.topics import MODELS, WORKERS
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from producers.gateway.requests import GenerationRequest
+from producers.gateway.admission.requests import GenerationRequest
 from schemas.intake import SCHEMA_VERSIONS, GenerationRequested, GenerationResult
 
 

@@ -21,8 +21,8 @@ from aiokafka import ConsumerRebalanceListener, TopicPartition
 from plumbing.kafka.clients import Kafka, make_consumer, make_producer
 from plumbing.kafka.follower import Follower
 from plumbing.settings import Settings
-from producers.gateway.admission import AdmissionClient
-from producers.gateway.prompts import ModelCatalog
+from producers.gateway.admission.client import AdmissionClient
+from producers.gateway.admission.prompts import ModelCatalog
 from producers.intake.lanes import Lane, Outcome
 from producers.intake.submitter import Submitter
 from schemas.codec import encode, record_headers

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from aiokafka import ConsumerRecord
 
 from plumbing.settings import Settings
-from producers.gateway.admission import AdmissionClient
+from producers.gateway.admission.client import AdmissionClient
+from producers.gateway.admission.prompts import ModelCatalog
+from producers.gateway.admission.submit import submit_command
 from producers.gateway.database import Principal
 from producers.gateway.errors import ApiError
-from producers.gateway.prompts import ModelCatalog
-from producers.gateway.submit import submit_command
 from producers.intake.lanes import Outcome
 from producers.intake.records import IntakeRequest, Refusal, parse_request
 from schemas.codec import MalformedRecord

@@ -28,6 +28,7 @@ import pytest
 from plumbing.kafka.groups import move_group_to_end
 from plumbing.settings import Settings
 from schemas.values import TenantLimits
+from tests.waiting import wait_until
 
 SESSION = uuid.uuid4().hex[:8]
 BLOCK = 16
@@ -145,14 +146,15 @@ class Process:
         return self
 
     async def wait_for_log(self, fragment: str, timeout_s: float, after: int = 0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def logged() -> bool:
             text = self.log.read_text(errors="replace")
             if fragment in text[after:]:
-                return
+                return True
             assert self.proc.poll() is None, f"{self.args[0]} exited {self.proc.returncode}:\n{text[-3000:]}"
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"{self.args[0]}: no {fragment!r} in {timeout_s}s:\n{self.log.read_text()[-3000:]}")
+            return False
+
+        await wait_until(logged, timeout_s, step_s=0.1,
+                         what=lambda _: f"{self.args[0]} to log {fragment!r}:\n{self.log.read_text()[-3000:]}")
 
     async def metrics_url(self, timeout_s: float = 30) -> str:
         """Where this role's /metrics, /healthz and /readyz listen (the port its latest start logged)."""
@@ -190,18 +192,22 @@ def free_port() -> int:
 async def start_gateway_process(env: dict[str, str], log: Path, port: int, timeout_s: float = 60) -> Process:
     """`ledgerlm gateway --port PORT` as a process, returned once its /readyz answers 200."""
     proc = Process(["gateway", "--port", str(port)], env, log).start()
-    deadline = time.monotonic() + timeout_s
+
+    async def ready() -> bool:
+        assert proc.proc.poll() is None, log.read_text()[-3000:]
+        try:
+            return (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
     async with httpx.AsyncClient(timeout=5) as client:
-        while time.monotonic() < deadline:
-            assert proc.proc.poll() is None, log.read_text()[-3000:]
-            try:
-                if (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
-                    return proc
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.2)
-    proc.stop()
-    raise AssertionError(f"gateway not ready in {timeout_s}s:\n{log.read_text()[-3000:]}")
+        try:
+            await wait_until(ready, timeout_s, step_s=0.2,
+                             what=lambda _: f"the gateway ready:\n{log.read_text()[-3000:]}")
+        except AssertionError:
+            proc.stop()
+            raise
+    return proc
 
 
 @pytest.fixture(scope="session")
@@ -302,7 +308,7 @@ async def paced_worker(start_worker, controller):
 
 @pytest.fixture(scope="session")
 async def gateway(cp_kafka, database_url, cp_settings, versions, controller):
-    from producers.gateway.app import create_app
+    from producers.gateway.http.app import create_app
 
     # This gateway reads and decodes every partition, as gateways did before they shared the token stream, so
     # a test can watch any generation's tokens on its bridge; sharing is tested with gateway processes
@@ -346,31 +352,22 @@ async def own_version(bootstrap, model_dir, gateway, role: str) -> str:
 
 async def wait_ready(client: httpx.AsyncClient, timeout_s: float = 60) -> None:
     """Until the gateway's /readyz answers 200."""
-    deadline = time.monotonic() + timeout_s
-    while (ready := await client.get("/readyz")).status_code != 200:
-        assert time.monotonic() < deadline, f"gateway not ready in {timeout_s}s: {ready.text}"
-        await asyncio.sleep(0.1)
-
-
-async def wait_until(predicate, timeout_s: float, step_s: float = 0.02, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await asyncio.sleep(step_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+    await wait_until(lambda: client.get("/readyz"), timeout_s, step_s=0.1, accept=lambda r: r.status_code == 200,
+                     what=lambda r: f"the gateway ready: {r.text}")
 
 
 async def post_until_admitted(client, url: str, timeout_s: float = 30, **kwargs):
     """POST, again while the answer is 503 (a worker started just now is not yet live to the controller), as a
-    client honouring Retry-After does; the last answer."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        response = await client.post(url, **kwargs)
-        if response.status_code != 503 or time.monotonic() > deadline:
-            return response
-        await asyncio.sleep(0.2)
+    client honouring Retry-After does; the first other answer."""
+    return await wait_until(lambda: client.post(url, **kwargs), timeout_s, step_s=0.2,
+                            accept=lambda r: r.status_code != 503,
+                            what=lambda r: f"an answer other than 503 to POST {url}: {r.text}")
+
+
+async def wait_until_found(bootstrap: str, topic: str, since_ms: int, match, timeout_s: float = 20) -> list:
+    """`read_topic` again until something matches; what matched."""
+    return await wait_until(lambda: read_topic(bootstrap, topic, since_ms, match), timeout_s, step_s=0.2,
+                            what=f"a match on {topic}")
 
 
 async def read_topic(bootstrap: str, topic: str, since_ms: int, match) -> list:

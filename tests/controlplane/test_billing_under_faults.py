@@ -18,9 +18,10 @@ from aiokafka.errors import KafkaTimeoutError
 
 from migrations import runner
 from schemas.topics import TOKENS
-from tests.controlplane.conftest import own_version, read_topic, wait_until
+from tests.controlplane.conftest import own_version, read_topic
 from tests.controlplane.test_projected_billing import project_all
 from tests.controlplane.test_worker_failures import admit
+from tests.waiting import wait_until
 
 HELD_AFTER_SEQ = 6  # stream events 1-6 reach the log; later ones wait in the worker, then fail
 

@@ -6,13 +6,14 @@ import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 
-from plumbing.kafka.clients import publish
 from consumers.worker.attempts import blocks_for
+from plumbing.kafka.clients import publish
 from schemas.dispatch import StartAttempt
 from schemas.registry_events import WorkerHeartbeat
 from schemas.values import SamplingParams
-from tests.controlplane.conftest import SESSION, body, own_version, read_topic, wait_until
+from tests.controlplane.conftest import SESSION, body, own_version, read_topic, wait_until_found
 from tests.controlplane.test_metrics import scrape, value
+from tests.waiting import wait_until
 
 
 async def test_optimistic_attempt_reserves_prompt_plus_headroom_then_grows_and_finishes(
@@ -50,14 +51,14 @@ async def test_queued_attempt_past_its_deadline_ends_expired_and_unbilled(gatewa
     # 8 blocks needed, 6 free: it waits, then expires (or, delivered late, expires on arrival) long before
     # the 400-token attempt ahead of it frees its blocks.
     await publish(producer, "llm.dispatch", order)
-    terminal = await wait_until_found(bootstrap, "llm.generations", since_ms,
-                                      lambda e: e.type == "Expired" and e.generation_id == gen_id)
+    (terminal, *_) = await wait_until_found(bootstrap, "llm.generations", since_ms,
+                                            lambda e: e.type == "Expired" and e.generation_id == gen_id, 15)
     assert terminal.usage.generated_output_tokens == 0 and terminal.usage.processed_input_tokens == 0
-    final = await wait_until_found(bootstrap, "llm.tokens", since_ms,
-                                   lambda e: e.type == "StreamFinished" and e.generation_id == gen_id)
+    (final, *_) = await wait_until_found(bootstrap, "llm.tokens", since_ms,
+                                         lambda e: e.type == "StreamFinished" and e.generation_id == gen_id, 15)
     assert (final.seq, final.reason) == (1, "expired")
-    release = await wait_until_found(bootstrap, "llm.commands", since_ms,
-                                     lambda e: e.type == "ReleaseReservation" and e.generation_id == gen_id)
+    (release, *_) = await wait_until_found(bootstrap, "llm.commands", since_ms,
+                                           lambda e: e.type == "ReleaseReservation" and e.generation_id == gen_id, 15)
     assert (release.used_tokens, release.end_reason) == (0, "expired")
     started = await read_topic(bootstrap, "llm.generations", since_ms,
                                lambda e: e.type == "AttemptStarted" and e.generation_id == gen_id)
@@ -75,14 +76,15 @@ async def test_interactive_request_beyond_the_predicted_wait_gets_503_with_retry
                            tokens_per_s=1000.0)
     await publish(producer, "llm.workers", fake)
     try:
-        refused = None
-        for _ in range(50):  # until the controller has the heartbeat (404/503 for the idle version before)
-            refused = await gateway.post("/v1/generations", headers=tenants["main"].headers,
-                                         json=body(model=version, maxOutputTokens=8))
-            if refused.status_code == 503 and "predicted wait" in refused.json()["message"]:
-                if refused.json().get("details", {}).get("retryAfterMs", 0) >= 5000:
-                    break
-            await asyncio.sleep(0.1)
+        def predicted_wait(refused) -> bool:
+            return refused.status_code == 503 and "predicted wait" in refused.json()["message"] and \
+                refused.json().get("details", {}).get("retryAfterMs", 0) >= 5000
+
+        # until the controller has the heartbeat (404/503 for the idle version before)
+        refused = await wait_until(lambda: gateway.post("/v1/generations", headers=tenants["main"].headers,
+                                                        json=body(model=version, maxOutputTokens=8)), 15,
+                                   step_s=0.1, accept=predicted_wait,
+                                   what=lambda r: f"a refusal for the predicted wait: {r.text}")
         assert refused.status_code == 503 and refused.json()["code"] == "no_capacity", refused.text
         # (12 s - 5 s) jittered by up to +50%: 7-10.5 s, as whole seconds in the header.
         assert 7 <= int(refused.headers["retry-after"]) <= 11, refused.headers
@@ -101,21 +103,10 @@ async def routed(controller, gateway, start_worker, *args, **overrides):
 
     await wait_until(lambda: (hb := board.latest.get(worker.worker_id)) and board.is_live(hb, time.time()), 15,
                      what="the worker's heartbeat")
-    deadline = time.monotonic() + 15
-    while value(await scrape(url), "ledgerlm:workers_live") < live_on_board():
-        assert time.monotonic() < deadline, "the controller never counted the worker live"
-        await asyncio.sleep(0.05)
+    await wait_until(lambda: scrape(url), 15, step_s=0.05,
+                     accept=lambda samples: value(samples, "ledgerlm:workers_live") >= live_on_board(),
+                     what="the controller to count the worker live")
     return worker
-
-
-async def wait_until_found(bootstrap, topic, since_ms, match, timeout_s: float = 15):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = await read_topic(bootstrap, topic, since_ms, match)
-        if found:
-            return found[0]
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"nothing matched on {topic}")
 
 
 async def test_pool_running_dry_preempts_and_the_stream_resumes_without_gap_or_repeat(

@@ -5,8 +5,8 @@ single-node stack, and is stopped at the end. A service that cannot start fails 
 """
 from __future__ import annotations
 
-from bench.chaos_bench import ChaosConfig, run_chaos_bench
-from bench.chaos_repeat import ZERO_KEYS
+from bench.chaos.repeat import ZERO_KEYS
+from bench.chaos.run import ChaosConfig, run_chaos_bench
 from plumbing.settings import Settings
 
 FAULTS = ["worker_kill9", "broker_kill9", "postgres_restart", "projector_kill9", "projections_dropped_and_rebuilt",

@@ -7,8 +7,9 @@ import uuid
 
 from plumbing.kafka.clients import publish
 from schemas.stream import TokensEmitted
-from tests.controlplane.conftest import Process, body, read_topic, wait_until
+from tests.controlplane.conftest import Process, body, post_until_admitted, read_topic
 from tests.controlplane.test_stream_resume import AsgiClient
+from tests.waiting import holds_for, wait_until
 
 
 async def test_worker_kill9_interrupts_within_lease_releases_and_ignores_late_tokens(
@@ -55,8 +56,7 @@ async def test_worker_kill9_interrupts_within_lease_releases_and_ignores_late_to
     await publish(producer, "llm.tokens", TokensEmitted(tenant_id=tenants["kill"].tenant_id, generation_id=gen_id,
                                                         epoch=1, seq=streamed + 1, token_ids=(5,), text_delta="x",
                                                         token_count=streamed + 1))
-    await asyncio.sleep(0.5)
-    assert len(bridge.view(gen_id).tokens) == streamed
+    await holds_for(lambda: len(bridge.view(gen_id).tokens) == streamed, 0.5, what="the late token refused")
 
     # The reservation is back: the tenant's single slot admits a new generation.
     again = await gateway.post("/v1/generations", headers=headers, json=body(model=versions["served"]))
@@ -103,9 +103,8 @@ async def test_worker_that_cannot_heartbeat_fences_itself_and_writes_nothing_mor
     since_ms = int(time.time() * 1000) - 1000
     lease_s = 1.0  # this worker's own lease (its heartbeats carry it), so generations outlast it
     isolated = await start_worker("killable", lease_ms=int(lease_s * 1000), heartbeat_interval_ms=200)
-    await asyncio.sleep(0.5)
-    created = await asyncio.gather(*[gateway.post("/v1/generations", headers=tenants["main"].headers,
-                                                  json=body(model=versions["killable"], maxOutputTokens=480))
+    created = await asyncio.gather(*[post_until_admitted(gateway, "/v1/generations", headers=tenants["main"].headers,
+                                                         json=body(model=versions["killable"], maxOutputTokens=480))
                                      for _ in range(4)])
     ids = [c.json()["id"] for c in created]
     bridge = gateway.gateway.bridge

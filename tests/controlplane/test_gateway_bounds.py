@@ -8,10 +8,11 @@ import secrets
 
 import httpx
 
-from producers.gateway.auth import Authenticator
-from producers.gateway.slots import STREAMS, WAITING, TenantSlots
+from producers.gateway.admission.slots import STREAMS, WAITING, TenantSlots
+from producers.gateway.auth.authenticator import Authenticator
+
 from tests.controlplane.test_stream_resume import AsgiClient, start_generation
-from tests.controlplane.conftest import wait_until
+from tests.waiting import wait_until
 
 
 async def test_a_random_key_flood_is_rate_limited_and_bounded_while_another_tenants_requests_succeed(

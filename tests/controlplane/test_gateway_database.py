@@ -7,7 +7,7 @@ import asyncio
 import psycopg
 
 from producers.gateway.database import APPLICATION_NAME, GatewayDatabase
-from tests.controlplane.conftest import wait_until
+from tests.waiting import wait_until
 
 
 async def backend_pids(db: GatewayDatabase) -> list[int]:

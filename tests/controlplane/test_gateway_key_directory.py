@@ -4,9 +4,7 @@ while it is gone answers 503 database_unavailable with Retry-After, never 500, w
 failed-authentication budget."""
 from __future__ import annotations
 
-import asyncio
 import secrets
-import time
 from contextlib import asynccontextmanager
 
 import httpx
@@ -19,6 +17,7 @@ from schemas.registry_events import TenantRegistered
 from schemas.topics import TENANTS
 from schemas.values import TenantLimits
 from tests.controlplane.conftest import SESSION, Tenant, body, post_until_admitted
+from tests.waiting import wait_until
 
 RANDOM_KEY = {"Authorization": f"Bearer llm_{secrets.token_hex(20)}"}
 
@@ -26,7 +25,7 @@ RANDOM_KEY = {"Authorization": f"Bearer llm_{secrets.token_hex(20)}"}
 @asynccontextmanager
 async def gateway_on(database_url: str, cp_kafka, cp_settings, **overrides):
     """A gateway of this test's own on `database_url` (its bridge replays a second of log, not the session's)."""
-    from producers.gateway.app import create_app
+    from producers.gateway.http.app import create_app
 
     settings = cp_settings.model_copy(update={"gateway_share_stream": False, "bridge_replay_max_s": 1.0, **overrides})
     app = create_app(settings, cp_kafka("gateway"), database_url)
@@ -42,13 +41,9 @@ async def gateway_on(database_url: str, cp_kafka, cp_settings, **overrides):
 
 async def answered(client: httpx.AsyncClient, path: str, headers: dict, status: int, timeout_s: float = 30):
     """GET `path` until it answers `status`; that answer."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        response = await client.get(path, headers=headers)
-        if response.status_code == status:
-            return response
-        assert time.monotonic() < deadline, f"{path}: {response.status_code} {response.text}, not {status}"
-        await asyncio.sleep(0.1)
+    return await wait_until(lambda: client.get(path, headers=headers), timeout_s, step_s=0.1,
+                            accept=lambda r: r.status_code == status,
+                            what=lambda r: f"{path} to answer {status}, not {r.status_code} {r.text}")
 
 
 def migrated(database_url: str) -> str:

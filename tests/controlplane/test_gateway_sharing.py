@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from contextlib import asynccontextmanager
 
@@ -14,6 +13,7 @@ import httpx
 from plumbing.kafka.follower import partition_for
 from schemas.topics import TOKENS, spec
 from tests.controlplane.conftest import Process, body, free_port, start_gateway_process
+from tests.waiting import wait_until
 
 PARTITIONS = spec(TOKENS).partitions
 
@@ -47,14 +47,14 @@ async def gateways(cp_env: dict, tmp_path, count: int = 2, **env):
 
 
 async def shares_settle(members: list[Member], timeout_s: float = 60) -> list[list[int]]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        shares = [(await m.bridge())["ownedPartitions"] for m in members]
-        owned = [p for share in shares for p in share]
-        if sorted(owned) == list(range(PARTITIONS)) and all(shares):
-            return shares
-        assert time.monotonic() < deadline, f"shares never settled: {shares}"
-        await asyncio.sleep(0.2)
+    async def shares() -> list[list[int]]:
+        return [(await m.bridge())["ownedPartitions"] for m in members]
+
+    def settled(shares: list[list[int]]) -> bool:
+        return sorted(p for share in shares for p in share) == list(range(PARTITIONS)) and all(shares)
+
+    return await wait_until(shares, timeout_s, step_s=0.2, accept=settled,
+                            what=lambda shares: f"the shares to settle: {shares}")
 
 
 async def owner_of(members: list[Member], gen_id: str) -> tuple[Member, Member]:
@@ -139,11 +139,13 @@ async def test_an_id_is_minted_into_the_admitting_gateways_share_so_its_stream_n
 
 async def pacing_becomes(members: list[Member], pacing: set[str], while_running: asyncio.Task | None = None,
                          timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not all([(await m.bridge())["pacing"] in pacing for m in members]):
+    async def became() -> bool:
+        if all([(await m.bridge())["pacing"] in pacing for m in members]):
+            return True
         assert while_running is None or not while_running.done(), "the stream ended before the pacing changed"
-        assert time.monotonic() < deadline, f"pacing never became {pacing}"
-        await asyncio.sleep(0.1)
+        return False
+
+    await wait_until(became, timeout_s, step_s=0.1, what=f"the pacing to become {pacing}")
 
 
 async def test_streams_and_resumes_go_on_without_gap_or_repeat_when_the_owner_leaves(
@@ -199,15 +201,11 @@ async def test_a_client_that_reconnects_to_another_gateway_keeps_its_generation_
         watching = asyncio.create_task(read_events(b, kept, tenant.headers, after=2))  # reconnected to B
         assert seqs(await read_events(a, control, tenant.headers, stop_after_tokens=2)) == [1, 2]
         # The control generation left A after `kept` did and nobody came back: A cancels it after the grace.
-        deadline = time.monotonic() + 30
-        while not cancels(a, control):
-            assert time.monotonic() < deadline, "the unwatched control generation was never canceled"
-            await asyncio.sleep(0.1)
+        await wait_until(lambda: cancels(a, control), 30, step_s=0.1,
+                         what="A to cancel the unwatched control generation")
         assert cancels(a, kept) == 0 and cancels(b, kept) == 0 and not watching.done()
         watching.cancel()  # the client leaves B as well: B decides
         await asyncio.gather(watching, return_exceptions=True)
-        deadline = time.monotonic() + 30
-        while not cancels(b, kept):
-            assert time.monotonic() < deadline, "the generation nobody watches any more was never canceled"
-            await asyncio.sleep(0.1)
+        await wait_until(lambda: cancels(b, kept), 30, step_s=0.1,
+                         what="B to cancel the generation nobody watches any more")
         assert cancels(a, kept) == 0 and cancels(b, control) == 0

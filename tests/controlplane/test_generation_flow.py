@@ -1,10 +1,10 @@
 """Gateway -> controller -> worker over the real broker: admission answers, streams, cancel, tenancy."""
 from __future__ import annotations
 
-import asyncio
 import time
 
-from tests.controlplane.conftest import body, parse_sse, post_until_admitted, read_topic, wait_until
+from tests.controlplane.conftest import body, parse_sse, post_until_admitted, read_topic
+from tests.waiting import wait_until
 
 
 async def test_stream_runs_to_the_end_with_ordered_seqs_and_terminal_before_final(
@@ -81,12 +81,14 @@ async def test_tenant_budget_429_with_jittered_retry_after_then_admitted_after_t
     await wait_until(lambda: (v := bridge.view(first.json()["id"])) and v.final, 20, what="first generation end")
     # The worker's ReleaseReservation follows its final stream event; until the controller applied it, 429.
     statuses = []
-    for _ in range(50):
-        retry = await gateway.post("/v1/generations", headers=headers, json=body(model=versions["served"]))
-        statuses.append(retry.status_code)
-        if retry.status_code != 429:
-            break
-        await asyncio.sleep(0.1)
+
+    async def retry():
+        response = await gateway.post("/v1/generations", headers=headers, json=body(model=versions["served"]))
+        statuses.append(response.status_code)
+        return response
+
+    await wait_until(retry, 15, step_s=0.1, accept=lambda r: r.status_code != 429,
+                     what=lambda _: f"the release applied (answers {statuses})")
     assert statuses[-1] == 201 and set(statuses[:-1]) <= {429}
 
 
@@ -158,9 +160,8 @@ async def test_another_tenant_can_neither_read_nor_cancel(gateway, worker, tenan
 async def test_coalesced_stream_events_carry_every_token_once_in_order(gateway, start_worker, controller, tenants,
                                                                         versions):
     await start_worker("coalesced", stream_flush_ms=40)
-    await asyncio.sleep(0.6)
-    done = (await gateway.post("/v1/generations?wait=true", headers=tenants["main"].headers,
-                               json=body(model=versions["coalesced"], maxOutputTokens=60))).json()
+    done = (await post_until_admitted(gateway, "/v1/generations?wait=true", headers=tenants["main"].headers,
+                                      json=body(model=versions["coalesced"], maxOutputTokens=60))).json()
     view = gateway.gateway.bridge.view(done["id"])
     events = view.tokens
     assert [e.seq for e in events] == list(range(1, len(events) + 1)) and view.final.seq == len(events) + 1

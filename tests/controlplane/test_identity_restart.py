@@ -8,7 +8,6 @@ know it, so the request id is a new request there too.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from contextlib import asynccontextmanager
 
@@ -16,12 +15,13 @@ from contextlib import asynccontextmanager
 from consumers.controller.runtime import Controller
 from plumbing.kafka.clients import make_consumer, make_producer, partitions_of, publish, read_to_end
 from plumbing.kafka.groups import move_group_to_end
-from producers.gateway.admission import AdmissionClient
+from producers.gateway.admission.client import AdmissionClient
 from schemas.changelog import identity_key
 from schemas.commands import ReleaseReservation, SubmitGeneration
 from schemas.registry_events import WorkerHeartbeat
 from schemas.topics import COMMANDS, CONTROL_CHANGELOG, WORKERS
-from tests.controlplane.conftest import wait_until
+from tests.waiting import wait_until
+
 
 TTL_S = 2.0
 
@@ -90,9 +90,8 @@ async def test_an_expired_identity_is_tombstoned_and_a_restarted_controller_does
                              what="the identity to expire")
             # The state forgets the identity before the transaction carrying its tombstone commits: poll the
             # log while this controller still runs (stopping it mid-transaction would abort the tombstone).
-            deadline, tombstones = time.monotonic() + 30, 0
-            while tombstones == 0 and time.monotonic() < deadline:
-                tombstones = await changelog_tombstones(controller_kafka, key)
+            tombstones = await wait_until(lambda: changelog_tombstones(controller_kafka, key), 30, step_s=0,
+                                          what="the identity's tombstone on the changelog")
             assert tombstones == 1
         async with running_controller(settings, controller_kafka) as second:
             assert all(s.find(tenant_id, gen_id) is None for s in second.states.values())

@@ -18,6 +18,7 @@ from plumbing.kafka.clients import make_admin, make_consumer, make_producer, par
 from schemas.intake import intake_topic, results_topic
 from schemas.values import TenantLimits
 from tests.controlplane.conftest import SESSION, Process, read_topic
+from tests.waiting import holds_for, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -78,16 +79,22 @@ async def results(kafka, tenant: str, want: set[str], timeout_s: float, settle_s
     found: list[dict] = []
     try:
         consumer.assign(await partitions_of(consumer, results_topic(tenant)))
-        deadline, settled = time.monotonic() + timeout_s, None
-        while time.monotonic() < deadline:
+
+        async def read_more() -> bool:
             for records in (await consumer.getmany(timeout_ms=200)).values():
-                found += [json.loads(r.value) for r in records]
-            if settled is None and want <= {r["requestId"] for r in found}:
-                settled = time.monotonic() + settle_s
-            if settled is not None and time.monotonic() >= settled:
-                return found
-        missing = want - {r["requestId"] for r in found}
-        raise AssertionError(f"{len(missing)} of {len(want)} requests have no result after {timeout_s}s")
+                found.extend(json.loads(r.value) for r in records)
+            return True
+
+        async def every_one_answered() -> bool:
+            await read_more()
+            return want <= {r["requestId"] for r in found}
+
+        await wait_until(every_one_answered, timeout_s, step_s=0,
+                         what=lambda _: f"a result of each request ({len(want - {r['requestId'] for r in found})} "
+                                        f"of {len(want)} have none)")
+        if settle_s:
+            await holds_for(read_more, settle_s, step_s=0)  # reading on: a duplicate would be seen
+        return found
     finally:
         await consumer.stop()
 
@@ -123,12 +130,13 @@ async def test_changed_payload_under_the_same_request_id_is_a_conflict_result(bo
     await publish(as_tenant(tenant), tenant, [first])
     await results(as_tenant(tenant), tenant, {first["requestId"]}, 60)
     await publish(as_tenant(tenant), tenant, [{**first, "maxOutputTokens": 5}])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        got = [r for r in await results(as_tenant(tenant), tenant, {first["requestId"]}, 30, settle_s=0.5)
-               if r["requestId"] == first["requestId"]]
-        if len(got) == 2:
-            break
+
+    async def results_of_first() -> list:
+        return [r for r in await results(as_tenant(tenant), tenant, {first["requestId"]}, 30, settle_s=0.5)
+                if r["requestId"] == first["requestId"]]
+
+    got = await wait_until(results_of_first, 60, step_s=0, accept=lambda got: len(got) == 2,
+                           what=lambda got: f"the second result of one requestId: {got}")
     assert [r["status"] for r in got] == ["completed", "rejected"]
     assert got[1]["errorCode"] == "request_id_conflict" and got[1]["generationId"] == got[0]["generationId"]
 

@@ -1,13 +1,13 @@
 """/metrics, /healthz and /readyz of every role after real generations through the stack."""
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.controlplane.conftest import Process, body, post_until_admitted, wait_until
+from tests.controlplane.conftest import Process, body, post_until_admitted
+from tests.waiting import wait_until
 
 Samples = dict[tuple[str, frozenset], float]
 
@@ -112,13 +112,10 @@ async def test_cancellation_lag_is_observed(gateway, paced_worker, tenants, vers
     view = await wait_until(lambda: (v := bridge.view(gen_id)) and v.final and v, 20, what="its end")
     assert view.final.reason == "canceled"
     name = "ledgerlm:cancellation_lag_seconds"
-    deadline = asyncio.get_running_loop().time() + 5
-    while True:  # the worker records the lag next to, not before, the events the bridge has already seen
-        after = await scrape(worker_url(worker))
-        if value(after, f"{name}_count") > value(before, f"{name}_count") or \
-                asyncio.get_running_loop().time() > deadline:
-            break
-        await asyncio.sleep(0.1)
+    # the worker records the lag next to, not before, the events the bridge has already seen
+    after = await wait_until(lambda: scrape(worker_url(worker)), 5, step_s=0.1,
+                             accept=lambda samples: value(samples, f"{name}_count") > value(before, f"{name}_count"),
+                             what="the worker to record the lag")
     assert value(after, f"{name}_count") - value(before, f"{name}_count") == 1
     lag = value(after, f"{name}_sum") - value(before, f"{name}_sum")
     assert 0 < lag < 5
@@ -158,14 +155,8 @@ async def test_the_projector_exposes_lag_per_projection_and_becomes_ready(cp_env
     projector = Process(["project"], env, tmp_path / "projector.log").start()
     try:
         url = await projector.metrics_url()
-
-        async def ready() -> bool:
-            return (await get(f"{url}/readyz")).status_code == 200
-
-        deadline = asyncio.get_running_loop().time() + 90
-        while not await ready():
-            assert asyncio.get_running_loop().time() < deadline, (await get(f"{url}/readyz")).text
-            await asyncio.sleep(0.3)
+        await wait_until(lambda: get(f"{url}/readyz"), 90, step_s=0.3, accept=lambda r: r.status_code == 200,
+                         what=lambda r: f"the projector ready: {r.text}")
         samples = await scrape(url)
         projections = {dict(labels)["projection"] for name, labels in samples
                        if name == "ledgerlm:projection_consumer_lag"}

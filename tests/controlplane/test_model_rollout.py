@@ -15,12 +15,13 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from plumbing.kafka.groups import move_group_to_end
 from ledgerlm.cli.main import main
+from plumbing.kafka.groups import move_group_to_end
 from plumbing.settings import Settings
 from projections.audit import audit_replay
-from tests.controlplane.conftest import BLOCK, SESSION, body, wait_until
+from tests.controlplane.conftest import BLOCK, SESSION, body
 from tests.controlplane.test_projected_billing import project_all
+from tests.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "the water is"}]
 
@@ -71,7 +72,7 @@ def with_golden(model_dir: Path, out: Path, expect: dict) -> Path:
 async def gated_plane(bootstrap: str, database_url: str, settings: Settings):
     """A controller with `settings` (its own group) and a gateway for it, in this process."""
     from consumers.controller.runtime import Controller
-    from producers.gateway.app import create_app
+    from producers.gateway.http.app import create_app
 
     await move_group_to_end(bootstrap, settings.controller_group, "llm.commands")
     controller = Controller(settings, bootstrap)
@@ -148,12 +149,9 @@ async def test_qualify_publishes_pass_and_fail_and_the_gate_routes_only_a_qualif
 async def admit(gateway, headers: dict, payload: dict, timeout_s: float = 15) -> httpx.Response:
     """POST until the controller knows the alias and its workers (a 404/503 records nothing: the same
     requestId may be sent again)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        response = await gateway.post("/v1/generations", headers=headers, json=payload)
-        if response.status_code not in (404, 503) or time.monotonic() > deadline:
-            return response
-        await asyncio.sleep(0.1)
+    return await wait_until(lambda: gateway.post("/v1/generations", headers=headers, json=payload), timeout_s,
+                            step_s=0.1, accept=lambda r: r.status_code not in (404, 503),
+                            what=lambda r: f"an answer other than 404/503: {r.status_code} {r.text}")
 
 
 async def test_an_alias_pins_each_generation_to_one_version_a_retry_keeps_it_and_the_replay_agrees(
@@ -188,10 +186,8 @@ async def test_an_alias_pins_each_generation_to_one_version_a_retry_keeps_it_and
 
     # Roll forward: new weights are a new record; the old version's worker drains without cutting its stream.
     assert (await cli(capsys, "models", "alias", alias, f"{stable}=0", f"{canary}=100"))[0] == 0
-    deadline = time.monotonic() + 15
-    while (moved := await admit(gateway, headers, body(model=alias, maxOutputTokens=2))).json()["model"] != canary:
-        assert time.monotonic() < deadline, "the controller never drew the canary"
-        await asyncio.sleep(0.05)
+    moved = await wait_until(lambda: admit(gateway, headers, body(model=alias, maxOutputTokens=2)), 15, step_s=0.05,
+                             accept=lambda r: r.json()["model"] == canary, what="the controller to draw the canary")
     moved_id = moved.json()["id"]
     producer = make_producer(bootstrap)
     await producer.start()

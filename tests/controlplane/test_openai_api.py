@@ -9,10 +9,10 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
+from producers.gateway.admission.requests import GenerationRequest
 from producers.gateway.errors import ApiError
-from producers.gateway.openai_api import error_response
-from producers.gateway.openai_requests import ChatCompletionRequest, CompletionRequest
-from producers.gateway.requests import GenerationRequest
+from producers.gateway.openai.api import error_response
+from producers.gateway.openai.requests import ChatCompletionRequest, CompletionRequest
 from tests.controlplane.conftest import body
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the water is"}]

@@ -9,8 +9,9 @@ import psycopg
 import pytest
 import torch
 
-from tests.controlplane.conftest import body, parse_sse, post_until_admitted, wait_until
+from tests.controlplane.conftest import body, parse_sse, post_until_admitted
 from tests.controlplane.test_openai_api import CHAT, make_client, prompt_tokens
+from tests.waiting import wait_until
 
 LONG_CHAT = [{"role": "user", "content": "the water is cold, the sky is grey, and the wind comes from the sea"}]
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["ok", "n", "color"],

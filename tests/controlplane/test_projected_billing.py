@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import psycopg
 
+from migrations import runner
 from plumbing.kafka.clients import Kafka
 from plumbing.settings import Settings
-from migrations import runner
 from projections.audit import audit_replay
 from projections.registry import all_projections
 from projections.runtime import Projector
-from tests.controlplane.conftest import body, post_until_admitted, wait_until
+from tests.controlplane.conftest import body, post_until_admitted
+from tests.waiting import wait_until
 
 
 async def project_all(kafka: Kafka, database_url: str) -> None:

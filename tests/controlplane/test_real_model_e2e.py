@@ -8,8 +8,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 from ledgerlm.cli.main import main
-from tests.controlplane.conftest import wait_until
+
 from tests.controlplane.test_openai_api import make_client
+from tests.waiting import wait_until
 
 VERSION = "smollm2-135m-instruct@1"
 
@@ -47,14 +48,16 @@ async def smollm2_client(bootstrap, cp_settings, smollm2_dir, gateway, controlle
 
 async def first_answer(call):
     """call() once the controller has the version and the worker's heartbeat (404/503 until then)."""
-    for _ in range(40):
+    async def answer():
         try:
             return await call()
         except Exception as exc:
             if getattr(exc, "status_code", None) not in (404, 503):
                 raise
-            await asyncio.sleep(0.25)
-    raise AssertionError("the platform never admitted the request")
+            return None
+
+    return await wait_until(answer, 120, step_s=0.25, accept=lambda got: got is not None,
+                            what="the platform to admit the request")
 
 
 async def test_openai_client_gets_the_golden_answer_from_smollm2(smollm2_client, smollm2_dir, capsys):

@@ -7,9 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 from plumbing.kafka.clients import publish
 from schemas.dispatch import DrainWorker, StartAttempt
-from tests.controlplane.conftest import own_version, body, read_topic, wait_until
+from tests.controlplane.conftest import own_version, body, wait_until_found
 from tests.controlplane.test_capacity import routed
 from tests.controlplane.test_metrics import scrape, value
+from tests.waiting import wait_until
 
 
 async def test_two_workers_share_load_and_a_draining_one_gets_no_new_work(
@@ -19,10 +20,9 @@ async def test_two_workers_share_load_and_a_draining_one_gets_no_new_work(
     version = await own_version(bootstrap, model_dir, gateway, "shared")
     first, second = await start_worker(version), await start_worker(version)
     # Both must be in the controller's registry before the first decision, or one gets all the work.
-    deadline = asyncio.get_running_loop().time() + 15
-    while value(await scrape(live_url), "ledgerlm:workers_live") < live_before + 2:
-        assert asyncio.get_running_loop().time() < deadline, "the controller never saw both workers"
-        await asyncio.sleep(0.1)
+    await wait_until(lambda: scrape(live_url), 15, step_s=0.1,
+                     accept=lambda samples: value(samples, "ledgerlm:workers_live") >= live_before + 2,
+                     what="the controller to see both workers")
     headers, bridge = tenants["drain"].headers, gateway.gateway.bridge
 
     async def run(n: int, tokens: int) -> list[str]:
@@ -56,20 +56,11 @@ async def test_worker_refuses_an_attempt_it_cannot_reserve(start_worker, control
                          worker_id=small.worker_id, model_version=versions["drained"], input_token_ids=(1, 2, 3),
                          max_output_tokens=100, deadline_at=datetime.now(UTC) + timedelta(seconds=30))
     await publish(producer, "llm.dispatch", order)
-    refusals = await wait_until_found(bootstrap, since_ms, order)
+    refusals = await wait_until_found(bootstrap, "llm.commands", since_ms,
+                                      lambda e: e.type == "AttemptRefused" and e.generation_id == order.generation_id,
+                                      10)
     assert [(r.epoch, r.worker_id, r.reason, r.attempt) for r in refusals] == [(3, small.worker_id, "kv-full", order)]
     assert small.free_blocks == 4 and not small.attempts
-
-
-async def wait_until_found(bootstrap, since_ms, order, timeout_s: float = 10):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = await read_topic(bootstrap, "llm.commands", since_ms,
-                                 lambda e: e.type == "AttemptRefused" and e.generation_id == order.generation_id)
-        if found:
-            return found
-        await asyncio.sleep(0.2)
-    raise AssertionError("no AttemptRefused")
 
 
 async def test_work_waits_on_a_full_worker_and_interactive_starts_before_batch(gateway, start_worker, controller,

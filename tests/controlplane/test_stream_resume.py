@@ -11,10 +11,11 @@ import json
 import time
 
 from plumbing.settings import Settings
+from producers.gateway.streams.delivery import SLOW_CONSUMER_GRACE_S
 from projections.registry import all_projections
 from projections.runtime import Projector
-from producers.gateway.delivery import SLOW_CONSUMER_GRACE_S
-from tests.controlplane.conftest import body, post_until_admitted, wait_until
+from tests.controlplane.conftest import body, post_until_admitted
+from tests.waiting import wait_until
 
 
 def parse_sse_ids(raw: bytes) -> list[tuple[int | None, str, dict]]:
@@ -69,6 +70,11 @@ class AsgiClient:
     async def run(self, timeout_s: float = 30) -> list[tuple[int | None, str, dict]]:
         await asyncio.wait_for(self.app(self.scope, self._receive, self._send), timeout_s)
         return parse_sse_ids(bytes(self.body))
+
+
+def overflowed(app_gateway, gen_id: str) -> bool:
+    """The server has given up on a reader of `gen_id` that took nothing for SLOW_CONSUMER_GRACE_S."""
+    return any(d.overflowed for d in app_gateway.deliveries if d.generation_id == gen_id)
 
 
 async def start_generation(gateway, tenant, model: str, tokens: int) -> str:
@@ -174,9 +180,10 @@ async def test_a_slow_consumer_is_cut_at_the_queue_bound_with_its_last_seq_and_r
     try:
         gen_id = await start_generation(gateway, tenant, versions["served"], 40)
 
-        async def stall():  # the client stops reading while the generation runs on
+        async def stall():  # the client stops reading while the generation runs on, until the server gives up
             await wait_until(lambda: len(bridge.view(gen_id).tokens) >= 12, 30, what="tokens past the bound")
-            await asyncio.sleep(SLOW_CONSUMER_GRACE_S + 0.5)
+            await wait_until(lambda: overflowed(app_gateway, gen_id), SLOW_CONSUMER_GRACE_S + 30,
+                             what="the server to give up on the slow reader")
 
         slow = AsgiClient(gateway._transport.app, f"/v1/generations/{gen_id}/events", tenant.headers,
                           slow_send=stall)
@@ -212,9 +219,14 @@ async def test_a_client_that_never_reads_is_cut_off_with_bounded_memory_and_resu
         connection = asyncio.create_task(stuck.run(timeout_s=20))
         await wait_until(lambda: app_gateway.deliveries, 10, what="the open stream")
         held = []
-        while not connection.done():  # the generation runs on past the bound while the client reads nothing
+
+        def cut() -> bool:  # the generation runs on past the bound while the client reads nothing
+            if connection.done():
+                return True
             held.extend(d.queue.qsize() for d in app_gateway.deliveries)
-            await asyncio.sleep(0.05)
+            return False
+
+        await wait_until(cut, 30, step_s=0.05, what="the server to give up on the connection")
         await connection  # the server gave up on the connection instead of holding it open
     finally:
         app_gateway.settings, app.stall_timeout_s = settings, stall_timeout_s
@@ -290,7 +302,8 @@ async def test_the_websocket_stream_resumes_after_a_seq_refuses_other_tenants_an
 
         async def stall():
             await wait_until(lambda: len(app_gateway.bridge.view(slow_id).tokens) >= 12, 30, what="tokens")
-            await asyncio.sleep(SLOW_CONSUMER_GRACE_S + 0.5)
+            await wait_until(lambda: overflowed(app_gateway, slow_id), SLOW_CONSUMER_GRACE_S + 30,
+                             what="the server to give up on the slow reader")
 
         messages, close = await AsgiWebSocket(app, f"/v1/generations/{slow_id}/stream", tenant.headers,
                                               slow_send=stall).run()

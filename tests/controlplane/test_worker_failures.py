@@ -4,7 +4,6 @@ cannot go back as they are. Real Kafka, controller process and gateway; the faul
 """
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -14,13 +13,14 @@ import torch
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from plumbing.kafka.clients import publish
 from consumers.worker.engine_thread import EngineStopped
+from plumbing.kafka.clients import publish
 from schemas.codec import encode, record_headers, record_key
 from schemas.commands import AttemptRefused, SubmitGeneration
 from schemas.dispatch import StartAttempt
 from schemas.values import SamplingParams
-from tests.controlplane.conftest import body, read_topic, wait_until
+from tests.controlplane.conftest import body, read_topic, wait_until_found
+from tests.waiting import wait_until
 
 RECORD_LIMIT = 1024 * 1024  # aiokafka's default max_request_size, which the worker's producer keeps
 
@@ -29,13 +29,11 @@ async def admit(gateway, headers: dict, **fields) -> str:
     """POST until admitted: 503 while the controller has not yet seen the worker's heartbeat, 429 while a
     released reservation is still on its way to the controller."""
     request = body(**fields)
-    deadline = time.monotonic() + 20
-    while True:
-        response = await gateway.post("/v1/generations", headers=headers, json=request)
-        if response.status_code == 201 or time.monotonic() > deadline or response.status_code not in (429, 503):
-            assert response.status_code == 201, response.text
-            return response.json()["id"]
-        await asyncio.sleep(0.05)  # the poll interval of this wait on a condition (admitted)
+    response = await wait_until(lambda: gateway.post("/v1/generations", headers=headers, json=request), 20,
+                                step_s=0.05, accept=lambda r: r.status_code not in (429, 503),
+                                what=lambda r: f"admission: {r.status_code} {r.text}")
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
 
 
 async def test_a_failing_step_ends_the_generation_failed_billed_at_its_output_and_the_worker_serves_on(
@@ -184,11 +182,3 @@ async def test_sampling_values_the_engine_cannot_take_are_refused_and_a_refusal_
     view = await wait_until(lambda: (v := bridge.view(served)) and v.final and v, 30, what="a served end")
     assert view.final.reason == "output-limit" and not worker_tasks[refusing.worker_id].done()
 
-
-async def wait_until_found(bootstrap: str, topic: str, since_ms: int, match, timeout_s: float = 20) -> list:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = await read_topic(bootstrap, topic, since_ms, match)
-        if found or time.monotonic() > deadline:
-            assert found, f"nothing matched on {topic} in {timeout_s}s"
-            return found

@@ -11,8 +11,9 @@ from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 
 from schemas.stream import TokensEmitted
 from schemas.topics import WORKERS
-from tests.controlplane.conftest import SESSION, read_topic, wait_until
-from tests.controlplane.test_worker_failures import admit, wait_until_found
+from tests.controlplane.conftest import SESSION, read_topic, wait_until_found
+from tests.controlplane.test_worker_failures import admit
+from tests.waiting import wait_until
 
 
 async def own_version(bootstrap: str, model_dir, role: str) -> str:

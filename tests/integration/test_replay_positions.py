@@ -1,4 +1,4 @@
-"""Where a starting gateway's bridge begins (producers/gateway/replay.py), on the real broker: at the
+"""Where a starting gateway's bridge begins (producers/gateway/streams/replay.py), on the real broker: at the
 projections' offset, never before the replay window, and caught up only once it has read to the end."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from aiokafka import TopicPartition
 
 from plumbing.kafka.clients import make_producer, publish
 from plumbing.kafka.follower import Follower
-from producers.gateway.replay import replay_from
+from producers.gateway.streams.replay import replay_from
 from schemas.topics import GENERATIONS
 from tests.factories import make_event
 

@@ -7,15 +7,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from plumbing.settings import Settings
 from ledgerlm.stack import Stack, alive, demo_generation, read_stack, stack_file, write_stack
 from ledgerlm.stack_roles import ephemeral_port as free_port, port_is_free
+from plumbing.settings import Settings
+from tests.waiting import wait_until_sync
 
 
 @pytest.fixture
@@ -39,13 +39,8 @@ def start_up(env: dict[str, str], log: Path, *options: str) -> subprocess.Popen:
 
 
 def wait_for(predicate, timeout_s: float, what: str, log: Path):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)  # the poll interval of this wait on a condition
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}:\n{log.read_text()[-3000:]}")
+    """`wait_until_sync`, the stack's log tail in its message."""
+    return wait_until_sync(predicate, timeout_s, step_s=0.2, what=lambda _: f"{what}:\n{log.read_text()[-3000:]}")
 
 
 def last_owned_partitions(log: Path) -> set[int]:

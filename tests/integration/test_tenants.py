@@ -132,8 +132,8 @@ async def test_the_gateways_key_index_answers_as_the_projection_after_every_regi
     import random
 
     from migrations import runner
+    from producers.gateway.auth.key_directory import ApiKeyIndex, Refused
     from producers.gateway.database import GatewayDatabase
-    from producers.gateway.key_directory import ApiKeyIndex, Refused
     from projections.tenants import apply
     from tests.unit.test_key_directory import make_registration
 

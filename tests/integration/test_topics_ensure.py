@@ -1,9 +1,9 @@
 """`topics ensure` against the real broker: creates the declared configs, detects drift."""
-import asyncio
 import uuid
 
 from plumbing.kafka.topic_admin import Drift, TopicAdmin
 from schemas.topics import TOPICS, TopicSpec
+from tests.waiting import wait_until
 
 
 def specs_for_test() -> tuple[TopicSpec, ...]:
@@ -39,11 +39,9 @@ async def test_detects_config_and_partition_drift(bootstrap, topics):
             await admin.ensure(specs)
             await admin.alter(specs[0].name, {"cleanup.policy": "delete", "retention.ms": "1000"})
             widened = (TopicSpec(specs[1].name, "worker_id", (), "compact", partitions=4),)
-            for _ in range(50):  # an altered config reaches describe_configs after the controller applies it
-                drift = await admin.drift(list(specs[:1]) + list(widened))
-                if len(drift) == 2:
-                    break
-                await asyncio.sleep(0.2)
+            # an altered config reaches describe_configs after the controller applies it
+            drift = await wait_until(lambda: admin.drift(list(specs[:1]) + list(widened)), 15, step_s=0.2,
+                                     accept=lambda drift: len(drift) == 2, what=lambda drift: f"both drifts: {drift}")
         finally:
             await admin.delete([s.name for s in specs])
     assert Drift(specs[0].name, "retention.ms", "3600000", "1000") in drift

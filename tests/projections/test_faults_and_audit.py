@@ -18,6 +18,7 @@ from projections.offsets import StaleOffset, load_offsets
 from projections.runtime import Batch, Projector
 from schemas.topics import GENERATIONS
 from tests.projections.conftest import Gen, one
+from tests.waiting import wait_until
 
 WATERMARK = ("SELECT generated_output_tokens, reports_counted FROM usage_watermarks "
              "WHERE generation_id = %s AND epoch = 1")
@@ -159,17 +160,18 @@ async def test_two_projectors_through_a_rebalance_apply_everything_once(emit, bo
     gens = [Gen(tenant_id=tenant, generation_id=f"gen-{uuid.uuid4().hex[:12]}") for _ in range(24)]
 
     async def wait_for(sql: str, expected: int) -> None:
-        for _ in range(150):
+        def count() -> int:
             with psycopg.connect(scratch_database_url) as conn:
-                if one(conn, sql, tenant)[0] == expected:
-                    return
-            await asyncio.sleep(0.1)
-        with psycopg.connect(scratch_database_url) as conn:
-            got = one(conn, sql, tenant)[0]
-            offsets = conn.execute("SELECT partition, next_offset FROM projection_offsets ORDER BY 1").fetchall()
-        raise AssertionError(f"timed out waiting for {expected} (got {got}): {sql}; offsets {offsets}; "
-                             f"first {first.stats} {sorted(tp.partition for tp in first.assignment)}; "
-                             f"second {second.stats} {sorted(tp.partition for tp in second.assignment)}")
+                return one(conn, sql, tenant)[0]
+
+        def state(got: int) -> str:
+            with psycopg.connect(scratch_database_url) as conn:
+                offsets = conn.execute("SELECT partition, next_offset FROM projection_offsets ORDER BY 1").fetchall()
+            return (f"{expected} (got {got}): {sql}; offsets {offsets}; "
+                    f"first {first.stats} {sorted(tp.partition for tp in first.assignment)}; "
+                    f"second {second.stats} {sorted(tp.partition for tp in second.assignment)}")
+
+        await wait_until(count, 20, step_s=0.1, accept=lambda got: got == expected, what=state)
 
     tasks = [asyncio.create_task(first.run(stops[0], lag_every_s=3600))]
     try:
@@ -177,10 +179,10 @@ async def test_two_projectors_through_a_rebalance_apply_everything_once(emit, bo
             await emit(g.admitted(), g.started(), g.report(1, 5))
         await wait_for("SELECT count(*) FROM usage_watermarks WHERE tenant_id = %s", 12)
         tasks.append(asyncio.create_task(second.run(stops[1], lag_every_s=3600)))
-        for _ in range(200):  # the group rebalances: both members own partitions, none owned twice
-            if second.assignment and first.assignment and len(first.assignment | second.assignment) == 6:
-                break
-            await asyncio.sleep(0.05)
+        # the group rebalances: both members own partitions, none owned twice
+        await wait_until(lambda: second.assignment and first.assignment and
+                         len(first.assignment | second.assignment) == 6, 15, step_s=0.05,
+                         what="both members to own partitions")
         assert not first.assignment & second.assignment
         assert len(first.assignment) + len(second.assignment) == 6
         for g in gens:  # during the rebalance: reports for every generation, then admissions of the rest

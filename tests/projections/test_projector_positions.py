@@ -7,7 +7,6 @@ every other table stays the same. So the live projection had re-applied records 
 """
 import asyncio
 import threading
-import time
 import uuid
 
 import psycopg
@@ -19,6 +18,7 @@ from projections.offsets import load_offsets
 from projections.runtime import Projector
 from schemas.topics import GENERATIONS
 from tests.projections.conftest import Gen, one
+from tests.waiting import wait_until
 
 ATTEMPT = "SELECT ended_at, end_reason FROM attempts WHERE generation_id = %s AND epoch = 1"
 
@@ -33,12 +33,18 @@ async def interrupted_before_started(producer) -> tuple[Gen, TopicPartition, int
 
 async def apply_through(projector: Projector, consumer: AIOKafkaConsumer, tp: TopicPartition, last: int) -> None:
     """Poll and apply as the projector's loop does until the consumer is past offset `last`."""
-    deadline = time.monotonic() + 30
-    while await consumer.position(tp) <= last:
-        assert time.monotonic() < deadline, f"consumer stuck at {await consumer.position(tp)}, want > {last}"
+    positions = []
+
+    async def past_last() -> bool:
+        positions.append(await consumer.position(tp))
+        if positions[-1] > last:
+            return True
         batches = await consumer.getmany(tp, timeout_ms=500)
         if batches:
             await projector._apply_polled(consumer, batches)
+        return False
+
+    await wait_until(past_last, 30, step_s=0, what=lambda _: f"the consumer past {last}, stuck at {positions[-1]}")
 
 
 def stored_offset(database_url: str, tp: TopicPartition) -> int:
@@ -94,10 +100,14 @@ async def test_an_assignment_during_a_batch_seeks_from_committed_offsets(produce
         await projector._seek_stored(consumer, [tp])
         before = projector.stored[tp]
         batches: dict[TopicPartition, list] = {tp: []}
-        deadline = time.monotonic() + 30
-        while await consumer.position(tp) <= last:
-            assert time.monotonic() < deadline, "records never came"
+
+        async def all_came() -> bool:
+            if await consumer.position(tp) > last:
+                return True
             batches[tp] += (await consumer.getmany(tp, timeout_ms=500)).get(tp, [])
+            return False
+
+        await wait_until(all_came, 30, step_s=0, what="the records")
         batch = asyncio.create_task(projector._apply_polled(consumer, batches))
         assert await asyncio.to_thread(held.holding.wait, 30)
         await projector._seek_stored(consumer, [tp])  # the partition assigned again meanwhile

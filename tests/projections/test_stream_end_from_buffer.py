@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 
 import psycopg
 
-from producers.gateway import streams
-from producers.gateway.bridge import StreamBridge
 from producers.gateway.database import GatewayDatabase
-from producers.gateway.status import read_status
-from producers.gateway.streams import open_source
+from producers.gateway.native import streams
+from producers.gateway.native.status import read_status
+from producers.gateway.native.streams import open_source
+from producers.gateway.streams.bridge import StreamBridge
 from projections.lifecycle import LifecycleProjection
 from projections.stream_buffer import StreamBufferProjection
 from tests.projections.conftest import Gen

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bench.batch_bench import Outcomes, busy_share, batch_input
+from bench.batch import Outcomes, busy_share, batch_input
 
 
 def outcomes() -> Outcomes:

@@ -1,7 +1,7 @@
 """The stream bridge while it replays the log (a starting gateway): ends no worker writes wait for llm.tokens."""
 from __future__ import annotations
 
-from producers.gateway.bridge import FINAL_GRACE_S, StreamBridge
+from producers.gateway.streams.bridge import FINAL_GRACE_S, StreamBridge
 from tests.factories import make_event
 
 

@@ -8,17 +8,17 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from bench.capacity_bench import QUICK, configure, engine_concurrencies, mark_working_sets
-from bench.capacity_client import (CUT, MIXES, ChatAttempt, chat_body, closed_loop, finish_record,
+from bench.capacity.client import (CUT, MIXES, ChatAttempt, chat_body, closed_loop, finish_record,
                                    retry_after_s)
-from bench.serve_client import on_openai_chunk
-from bench.capacity_engine import ClosedLoop
-from bench.capacity_metrics import (client_summary, histogram_quantiles, kv_usage, ratios, saturation,
+from bench.capacity.engine import ClosedLoop
+from bench.capacity.metrics import (client_summary, histogram_quantiles, kv_usage, ratios, saturation,
                                     working_set)
-from bench.capacity_prompts import ChatPrompt
-from bench.capacity_targets import check_targets
-from bench.capacity_worker import heartbeat_summary, parse_worker_metrics, scrape_summary
-from bench.serve_client import Target
+from bench.capacity.prompts import ChatPrompt
+from bench.capacity.run import QUICK, configure, engine_concurrencies, mark_working_sets
+from bench.capacity.targets import check_targets
+from bench.capacity.worker import heartbeat_summary, parse_worker_metrics, scrape_summary
+from bench.serve.client import on_openai_chunk
+from bench.serve.client import Target
 
 PROMPT = ChatPrompt(({"role": "user", "content": "Question: why? Answer in one short sentence."},), tuple(range(128)))
 
@@ -290,7 +290,7 @@ def test_engine_closed_loop_keeps_n_requests_running_and_cuts_at_the_end():
 
 
 def test_plots_write_one_png_per_mix(tmp_path):
-    from bench.capacity_plots import write_plots
+    from bench.capacity.plots import write_plots
 
     levels = [make_level(1, 10.0, ttft_ms={"p95": 300.0}), make_level(4, 30.0, ttft_ms={"p95": None})]
     runs = {"ledgerlm": {"a": {"levels": levels}, "b": {"levels": levels[:1]}}, "engine": {"a": {"levels": levels}}}
@@ -300,7 +300,7 @@ def test_plots_write_one_png_per_mix(tmp_path):
 
 
 def test_transformers_serve_gets_a_view_naming_the_architecture_a_gguf_import_lacks(tmp_path):
-    from bench.serve_targets import with_architectures
+    from bench.serve.targets import with_architectures
 
     model = tmp_path / "model"
     model.mkdir()

@@ -13,8 +13,9 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from bench.chaos_fleet import REPLICA_FAULTS, SINGLE_FAULTS, build_fleet, faults_for
-from bench.chaos_gateways import Availability, GatewayRoute
+from bench.chaos.fleet import REPLICA_FAULTS, SINGLE_FAULTS, build_fleet, faults_for
+from bench.chaos.gateways import Availability, GatewayRoute
+from tests.waiting import wait_until
 
 
 def free_port() -> int:
@@ -50,8 +51,7 @@ async def serve():
         port = free_port()
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
         servers.append((server, asyncio.create_task(server.serve())))
-        while not server.started:
-            await asyncio.sleep(0.01)  # (polls the server's own started flag)
+        await wait_until(lambda: server.started, 10, step_s=0.01, what="uvicorn to start")
         return f"http://127.0.0.1:{port}"
 
     yield start

@@ -5,10 +5,10 @@ import asyncio
 
 import pytest
 
-from bench import chaos_repeat
-from bench.chaos_clients import ClientResult
-from bench.chaos_violations import nearest_fault, place
-from bench.chaos_checks import final_watermarks, find_seq_faults
+from bench.chaos import repeat as chaos_repeat
+from bench.chaos.checks import final_watermarks, find_seq_faults
+from bench.chaos.clients import ClientResult
+from bench.chaos.violations import nearest_fault, place
 from schemas.lifecycle import Completed, Interrupted, UsageReported
 from schemas.values import Usage
 
@@ -98,14 +98,14 @@ def test_repeat_runs_every_time_sums_the_counts_and_names_the_failed_runs(monkey
 def test_repeat_must_be_at_least_one(text):
     import argparse
 
-    from ledgerlm.cli.bench_chaos_cmd import positive
+    from ledgerlm.cli.bench.chaos import positive
 
     with pytest.raises(argparse.ArgumentTypeError):
         positive(text)
 
 
 def test_the_stream_on_the_log_counts_each_seq_of_an_epoch_once():
-    from bench.chaos_checks import streamed_on_log
+    from bench.chaos.checks import streamed_on_log
     from schemas.stream import TokensEmitted
 
     def tokens(epoch: int, seq: int, n: int) -> TokensEmitted:

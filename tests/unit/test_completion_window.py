@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from producers.gateway.requests import GenerationRequest
+from producers.gateway.admission.requests import GenerationRequest
 from schemas.values import MAX_COMPLETION_WINDOW_S
 
 

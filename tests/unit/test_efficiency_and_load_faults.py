@@ -6,11 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.chaos_faults import FaultLog
-from bench.chaos_fleet import LOAD_FAULTS, faults_for
-from bench.chaos_load_faults import cpu_hog, freeze_pid
-from bench.efficiency_bench import check, compare, outside_engine, role_costs
-from tests.controlplane.conftest import wait_until
+from bench.chaos.faults import FaultLog
+from bench.chaos.fleet import LOAD_FAULTS, faults_for
+from bench.chaos.load_faults import cpu_hog, freeze_pid
+from bench.efficiency.run import check, compare, outside_engine, role_costs
+from tests.waiting import wait_until
 
 
 def test_role_costs_subtract_the_idle_burn_and_divide_by_output_tokens():
@@ -75,7 +75,7 @@ async def test_the_cpu_hog_runs_its_processes_and_logs_the_fault():
 def test_the_page_shows_one_row_per_level_with_its_ratio_and_the_idle_burn():
     from datetime import date
 
-    from bench.efficiency_page import efficiency_page
+    from bench.efficiency.page import efficiency_page
 
     rows = compare([level(1, 9.0, 115.0, 1.5)], [level(1, 10.0, 100.0)])
     roles = {r: {"cores": 0.1, "ms_per_output_token": 0.2} for r in

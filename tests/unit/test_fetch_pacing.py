@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from aiokafka import ConsumerRecord, TopicPartition
 
-from producers.gateway.bridge_readers import BUSY_POLL_MS, BUSY_RECORDS, FetchPacing, PartitionReader
+from producers.gateway.streams.readers import BUSY_POLL_MS, BUSY_RECORDS, FetchPacing, PartitionReader
 
 TP = TopicPartition("llm.tokens", 0)
 

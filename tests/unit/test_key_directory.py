@@ -2,8 +2,8 @@
 revokes the tenant's earlier keys for good; a hash live for two tenants authenticates nobody."""
 from __future__ import annotations
 
+from producers.gateway.auth.key_directory import ApiKeyIndex, Refused
 from producers.gateway.database import Principal
-from producers.gateway.key_directory import ApiKeyIndex, Refused
 from schemas.registry_events import TenantRegistered
 from schemas.values import TenantLimits
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from consumers.controller.registry import WorkerRegistry
 from consumers.worker.heartbeats import GIVE_UP_LEASES, HeartbeatAcks
-from producers.gateway.workers import WorkerBoard
+from producers.gateway.admission.workers import WorkerBoard
 from schemas.registry_events import WorkerHeartbeat
 
 SENT = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)

@@ -10,13 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from producers.gateway.admission.prompts import ModelCatalog
 from producers.gateway.database import Principal
 from producers.gateway.errors import ApiError
-from producers.gateway.openai_api import render
-from producers.gateway.openai_chunks import End, Piece, TokenTexts
-from producers.gateway.openai_reply import Reply, answer, stream
-from producers.gateway.openai_requests import ChatCompletionRequest, CompletionRequest
-from producers.gateway.prompts import ModelCatalog
+from producers.gateway.openai.api import render
+from producers.gateway.openai.chunks import End, Piece, TokenTexts
+from producers.gateway.openai.reply import Reply, answer, stream
+from producers.gateway.openai.requests import ChatCompletionRequest, CompletionRequest
 from producers.model_registry import describe
 from schemas.stream import TokenLogprob
 from schemas.values import StructuredSpec

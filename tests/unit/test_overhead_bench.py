@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import overhead_report as report
-from bench.overhead_kafka import TopicSnapshot, log_dirs_of, topic_deltas, topic_of
-from bench.overhead_load import Mix, fitted, usage_of
-from bench.overhead_postgres import caught_up, row_deltas, table_name
+from bench.overhead import report
+from bench.overhead.kafka import TopicSnapshot, log_dirs_of, topic_deltas, topic_of
+from bench.overhead.load import Mix, fitted, usage_of
+from bench.overhead.postgres import caught_up, row_deltas, table_name
 from bench.proc_cpu import CLK_TCK, ProcStat, cpu_seconds, parse_stat, tree_ticks
 from consumers.worker.engine_thread import name_native_thread
 

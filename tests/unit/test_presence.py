@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from producers.gateway.presence import Presence
+from producers.gateway.streams.presence import Presence
 from schemas.presence import WatchersChanged
 
 GRACE = 5.0

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from bench.serve_bench import QUICK, TENANTS, assemble, comparison, mixed_loads
-from bench.serve_client import on_native_event, on_openai_chunk, openai_body, spread_usage
-from bench.serve_metrics import RequestRecord, Slo, capacity, ratio, summarize, summarize_group
-from bench.serve_workload import (INTERACTIVE, LONG_DOCUMENT, PlannedRequest, PromptSource, TenantLoad, plan,
+from bench.serve.client import on_native_event, on_openai_chunk, openai_body, spread_usage
+from bench.serve.metrics import RequestRecord, Slo, capacity, ratio, summarize, summarize_group
+from bench.serve.run import QUICK, TENANTS, assemble, comparison, mixed_loads
+from bench.serve.workload import (INTERACTIVE, LONG_DOCUMENT, PlannedRequest, PromptSource, TenantLoad, plan,
                                   poisson_arrivals)
 
 
@@ -139,7 +139,7 @@ def test_report_shape_and_ratios(tmp_path):
 
 
 def test_plots_write_one_png_per_mix_plus_kv_and_shares(tmp_path):
-    from bench.serve_plots import write_plots
+    from bench.serve.plots import write_plots
 
     records = [make_record(), make_record(mix="long_document", tenant="docs")]
     samples = [{"t": 0.5, "used_blocks": 3, "free_blocks": 5, "total_blocks": 8, "running": 1, "queued_tokens": 4}]
@@ -151,8 +151,8 @@ def test_plots_write_one_png_per_mix_plus_kv_and_shares(tmp_path):
 
 
 async def test_sweep_interleaves_servers_and_stops_each_at_its_first_miss(monkeypatch):
-    import bench.serve_bench as serve_bench
-    from bench.serve_client import Target
+    from bench.serve.client import Target
+    import bench.serve.run as serve_bench
 
     capacity_of = {"ledgerlm": 4.0, "transformers_serve": 1.0}
     calls = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiokafka import ConsumerRecord, TopicPartition
 
-from producers.gateway.bridge import StreamBridge
+from producers.gateway.streams.bridge import StreamBridge
 from schemas.codec import encode, record_headers, record_key
 from schemas.topics import GENERATIONS, TOKENS
 from tests.factories import make_event

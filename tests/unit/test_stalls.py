@@ -7,8 +7,9 @@ import time
 
 import uvicorn
 
-from producers.gateway.stalls import GatewayApp
-from producers.gateway.delivery import ClosingStreamingResponse
+from producers.gateway.http.stalls import GatewayApp
+from producers.gateway.streams.delivery import ClosingStreamingResponse
+from tests.waiting import wait_until
 
 
 def streaming_app(stall_s: float, finished: list[str]) -> GatewayApp:
@@ -36,8 +37,7 @@ def streaming_app(stall_s: float, finished: list[str]) -> GatewayApp:
 async def serve(app) -> tuple[uvicorn.Server, asyncio.Task, int]:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
     task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: server.started, 10, what="uvicorn to start")
     return server, task, server.servers[0].sockets[0].getsockname()[1]
 
 
@@ -55,8 +55,7 @@ async def test_a_never_reading_client_is_reset_after_the_stall_timeout_and_a_rea
     stuck = open_client(port, "/endless")
     try:
         started = time.monotonic()
-        while not finished and time.monotonic() - started < 10:
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: finished, 10, step_s=0.05, what="the handler stopped")
         assert finished == ["closed"]  # the handler was stopped and its body closed
         assert time.monotonic() - started < 5
         # The connection is gone, not left open with bytes waiting: reading ends (a reset or EOF) instead of

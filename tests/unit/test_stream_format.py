@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from producers.gateway.stream_events import sse, token_event
+from producers.gateway.streams.events import sse, token_event
 
 
 @pytest.mark.parametrize("text", ["", "plain", 'quote " and \\ backslash', "line\nbreak\ttab", "héllo 😀 東京",
@@ -20,7 +20,7 @@ def test_token_event_json_matches_json_dumps(text):
 
 async def test_a_source_the_database_fails_ends_the_stream_with_its_code_and_retry_after_not_internal():
     from producers.gateway.errors import DatabaseUnavailable
-    from producers.gateway.delivery import BoundedDelivery
+    from producers.gateway.streams.delivery import BoundedDelivery
 
     async def source():
         yield token_event("gen-1", 1, 1, (5,), "a", 1)
