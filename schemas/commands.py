@@ -21,7 +21,7 @@ class Command(TenantScoped):
 class StreamShare(Value):
     """The `llm.generations`/`llm.tokens` partitions (of `partitions`) whose token stream the asking gateway
     reads itself: a generation id landing in one of them is streamed there without a guest read
-    (`producers.gateway.shared_tail`). A hint: an id elsewhere is served all the same."""
+    (`producers.gateway.streams.shared_tail`). A hint: an id elsewhere is served all the same."""
 
     partitions: int = Field(ge=1, le=100_000)
     owned: tuple[int, ...] = Field(max_length=100_000)
