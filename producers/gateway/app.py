@@ -1,6 +1,7 @@
 """The gateway's HTTP app (FastAPI): one `Gateway` (`gateway.py`) behind three routers.
 
-    native_api.py    /v1/generations...,  /v1/usage          errors: {"code", "message", "details"}
+    native_api.py    /v1/generations...                      errors: {"code", "message", "details"}
+    usage_api.py     /v1/usage, /v1/generations/{id}/usage, /v1/statements/{period}   (native errors)
     openai_api.py    /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize
                                                              errors: OpenAI's {"error": {...}}  (both: errors.py)
     here             GET /healthz, /readyz, /health, /metrics  alive | ready | vLLM's probe | Prometheus text
@@ -16,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from plumbing.kafka.clients import Kafka
 from plumbing.settings import Settings
 from plumbing.telemetry.metrics import exposition
-from producers.gateway import errors, native_api, openai_api, openapi_doc
+from producers.gateway import errors, native_api, openai_api, openapi_doc, usage_api
 from producers.gateway.gateway import Gateway
 from producers.gateway.middleware import BodyLimit, ResponseMetrics
 from producers.gateway.stalls import GatewayApp
@@ -70,6 +71,7 @@ def create_app(settings: Settings, kafka: Kafka, database_url: str) -> FastAPI:
     app.add_middleware(ResponseMetrics, metrics=gateway.metrics)
     app.include_router(probes(gateway))
     app.include_router(native_api.router(gateway))
+    app.include_router(usage_api.router(gateway))
     app.include_router(openai_api.router(gateway))
     openapi_doc.install(app)
     return app
