@@ -18,7 +18,8 @@ HEAD_SQL = """
     SELECT g.tenant_id, g.request_id, g.model_version, g.status, g.end_reason, b.epoch, b.usage_label,
            b.end_reason, b.sealed_at, b.billed_input_tokens, b.billed_cached_input_tokens, b.billed_output_tokens,
            b.reserved_tokens, b.released_tokens, i.period, i.belongs_to, b.generation_id IS NOT NULL
-    FROM generations g LEFT JOIN billing_ledger b USING (generation_id) LEFT JOIN statement_items i USING (generation_id)
+    FROM generations g LEFT JOIN billing_ledger b USING (generation_id)
+    LEFT JOIN statement_items i USING (generation_id)
     WHERE g.generation_id = %(g)s
     """
 ATTEMPTS_SQL = """

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 import psycopg
 
@@ -54,7 +54,8 @@ def place_seals(conn: psycopg.Connection, seals: Sequence[tuple[str, str, dateti
     closed = closed_periods(conn)
     rows = []
     for generation_id, tenant_id, sealed_at in seals:
-        home = Period.of(sealed_at)
+        # A record's time without an offset is taken as UTC: raising here would wedge the projection on it.
+        home = Period.of(sealed_at if sealed_at.tzinfo else sealed_at.replace(tzinfo=UTC))
         rows.append((generation_id, tenant_id, str(billed_in(home, closed.closed_for(generation_id))), str(home)))
     with conn.cursor() as cur:
         cur.executemany("INSERT INTO statement_items (generation_id, tenant_id, period, belongs_to) "

@@ -33,7 +33,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     statement.set_defaults(handler=run_statement)
 
 
+NOT_MIGRATED = "the database has no statements tables: run `ledgerlm db upgrade`"
+
+
 def run_close(args: argparse.Namespace) -> int:
+    import psycopg
+
     from producers.billing_close import PeriodNotClosable, close_period
 
     settings = Settings()
@@ -42,6 +47,8 @@ def run_close(args: argparse.Namespace) -> int:
                                                   args.wait_s))
     except PeriodNotClosable as exc:
         raise CliError(str(exc)) from None
+    except psycopg.errors.UndefinedTable:
+        raise CliError(NOT_MIGRATED) from None
     if closed is None:
         print(f"billing close {args.period}: markers written; no statements after {args.wait_s:.0f}s: is the "
               "projector running (`ledgerlm project`)? Run this again to wait (nothing is written twice).",
@@ -70,7 +77,10 @@ def run_statement(args: argparse.Namespace) -> int:
     except PeriodError as exc:
         raise CliError(str(exc)) from None
     with psycopg.connect(database_url(Settings()), autocommit=True) as conn:
-        statement = read_statement(conn, args.tenant, period, with_items=args.json or args.csv)
+        try:
+            statement = read_statement(conn, args.tenant, period, with_items=args.json or args.csv)
+        except psycopg.errors.UndefinedTable:
+            raise CliError(NOT_MIGRATED) from None
     if statement is None:
         raise CliError(f"period {period} is not closed (`ledgerlm billing close --period {period}`)")
     if args.csv:

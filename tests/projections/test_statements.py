@@ -131,13 +131,15 @@ async def test_a_period_closes_when_every_partition_has_its_marker_and_each_part
     await project()
     assert one(conn, STATEMENT, gen.tenant_id, str(period))[:2] == (1, 0)
     assert all_rows(conn, "SELECT generation_id, period FROM statement_items WHERE tenant_id = %s ORDER BY period",
-                    gen.tenant_id) == [(unmarked.generation_id, str(period)), (marked.generation_id, str(period.next()))]
+                    gen.tenant_id) == [(unmarked.generation_id, str(period)),
+                                       (marked.generation_id, str(period.next()))]
     assert one(conn, "SELECT count(*), count(DISTINCT close_id) FROM billing_period_marks WHERE period = %s",
                str(period)) == (partitions, 1)
 
 
 @pytest.mark.parametrize("sql", [
-    "UPDATE statements SET generations = 0", "DELETE FROM statement_totals", "UPDATE statement_items SET period = '1970-01'",
+    "UPDATE statements SET generations = 0", "DELETE FROM statement_totals",
+    "UPDATE statement_items SET period = '1970-01'",
     "DELETE FROM billing_periods", "UPDATE billing_period_marks SET closed_at = now()", "TRUNCATE statements"])
 async def test_statement_rows_are_written_once(gen, emit, project, conn, bootstrap, sql):
     period = old_period()
@@ -199,10 +201,23 @@ async def test_audit_replay_rebuilds_statements_byte_for_byte(gen, emit, bootstr
     report = await audit_replay(bootstrap, scratch_database_url, Settings())
     assert report.differences == 0, report.as_dict()
     with psycopg.connect(scratch_database_url) as conn:
-        live = conn.execute("SELECT * FROM statements WHERE tenant_id = %s ORDER BY period", (gen.tenant_id,)).fetchall()
+        live = conn.execute("SELECT * FROM statements WHERE tenant_id = %s ORDER BY period",
+                            (gen.tenant_id,)).fetchall()
         shadow = conn.execute("SELECT * FROM audit_checkpoint.statements WHERE tenant_id = %s ORDER BY period",
                               (gen.tenant_id,)).fetchall()
         assert report.rows_compared["statements"] >= 2
     assert [row[:5] for row in live] == [(gen.tenant_id, str(period), live[0][2], 1, 0),
                                          (gen.tenant_id, str(period.next()), live[1][2], 1, 1)]
     assert shadow == live
+
+
+async def test_a_seal_whose_time_has_no_offset_is_placed_in_its_utc_month_not_refused(scratch_database):
+    runner.upgrade(scratch_database, schema="naive")
+    g = Gen("tenant-naive", f"gen-{uuid.uuid4().hex[:12]}", clock=Period(2002, 7).start.replace(day=31, hour=23))
+    events = sealed(g)
+    events[-1] = events[-1].model_copy(update={"occurred_at": events[-1].occurred_at.replace(tzinfo=None)})
+    with connect(scratch_database, "naive") as conn:
+        with conn.transaction():
+            LifecycleProjection().apply(conn, events)
+        assert one(conn, "SELECT period, belongs_to FROM statement_items WHERE generation_id = %s",
+                   g.generation_id) == ("2002-07", "2002-07")

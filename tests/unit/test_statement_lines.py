@@ -23,7 +23,8 @@ def make_item(generation_id: str = "gen-a", **fields) -> LineItem:
 def test_a_canonical_line_is_compact_json_with_sorted_keys_and_a_newline():
     assert canonical_line(make_item()) == (
         '{"belongsTo":"2026-11","cachedInputTokens":16,"endReason":"completed","epoch":1,"generationId":"gen-a",'
-        '"inputTokens":40,"label":"final","model":"demo@1","outputTokens":7,"sealedAt":"2026-11-30T23:59:59.250000Z"}\n')
+        '"inputTokens":40,"label":"final","model":"demo@1","outputTokens":7,'
+        '"sealedAt":"2026-11-30T23:59:59.250000Z"}\n')
 
 
 def test_the_hash_is_sha256_of_the_lines_in_generation_id_order_whatever_order_they_come_in():

@@ -33,7 +33,8 @@ def test_a_bad_usage_query_names_its_parameter_and_says_why(args, fields, fragme
 def test_the_default_window_is_the_last_24_hours_in_hourly_buckets():
     w = window()
     assert (w.start, w.end, w.granularity) == (NOW - timedelta(hours=24), NOW, "hour")
-    assert (w.lower, w.upper, w.buckets) == (datetime(2026, 12, 1, 10, tzinfo=UTC), datetime(2026, 12, 2, 11, tzinfo=UTC), 25)
+    assert (w.lower, w.upper, w.buckets) == (datetime(2026, 12, 1, 10, tzinfo=UTC),
+                                             datetime(2026, 12, 2, 11, tzinfo=UTC), 25)
 
 
 def test_day_buckets_start_at_utc_midnight_and_a_bucket_is_kept_whole():
