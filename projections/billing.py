@@ -13,6 +13,7 @@ from datetime import datetime
 
 import psycopg
 
+from projections.statements import place_seals
 from schemas.values import Usage
 
 
@@ -47,6 +48,7 @@ def seal_all(conn: psycopg.Connection, seals: Sequence[SealInput]) -> set[str]:
         [s.sealed_at for s in seals]]).fetchall()
     sealed = {row[0] for row in rows}
     new = [s for s in seals if s.generation_id in sealed]
+    place_seals(conn, [(s.generation_id, s.tenant_id, s.sealed_at) for s in new])
     if new:
         conn.execute(ADD_HOURLY, [
             [s.tenant_id for s in new], [s.sealed_at for s in new], [s.usage.processed_input_tokens for s in new],

@@ -14,6 +14,7 @@ A batch is applied in waves: wave k holds the k-th event of each generation in t
 Generations never read each other's rows (the hourly totals are sums), so within a wave the events of
 one kind go as one pipelined `executemany` or one set-based statement, and a wave of terminal events
 waits for three answers, not three per generation. The rows are those of applying event by event.
+A `PeriodClosed` marker cuts the batch: what precedes it is applied before it (statements.py).
 """
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from collections.abc import Callable, Sequence
 import psycopg
 
 from projections.endings import FINISHED, TERMINAL_STATUS, on_terminal
+from projections.statements import on_period_closed
 from projections.usage import record_reports
+from schemas.billing_periods import PeriodClosed
 from schemas.envelope import Envelope
 from schemas.lifecycle import Admitted, AttemptStarted, CancelRequested, UsageReported
 from schemas.topics import GENERATIONS
@@ -34,13 +37,31 @@ class LifecycleProjection:
 
     def tables(self) -> tuple[str, ...]:
         return ("generations", "attempts", "usage_watermarks", "usage_reports", "billing_ledger",
-                "usage_reconciliation", "tenant_usage_hourly")
+                "usage_reconciliation", "tenant_usage_hourly", "statement_items", "billing_period_marks",
+                "billing_periods", "statements", "statement_totals")
 
     def apply(self, conn: psycopg.Connection, events: Sequence[Envelope]) -> None:
         with conn.pipeline():
-            for wave in waves(events):
-                for handler, kind in group_by_handler(wave).items():
-                    handler(conn, kind)
+            for segment, marker in at_period_marks(events):
+                for wave in waves(segment):
+                    for handler, kind in group_by_handler(wave).items():
+                        handler(conn, kind)
+                if marker is not None:
+                    on_period_closed(conn, marker)
+
+
+def at_period_marks(events: Sequence[Envelope]) -> list[tuple[list[Envelope], PeriodClosed | None]]:
+    """The batch cut after each period marker: the seals before a marker are applied before it, those after
+    it after it (a marker closes its period for the seals of its own partition that follow it)."""
+    cuts: list[tuple[list[Envelope], PeriodClosed | None]] = []
+    segment: list[Envelope] = []
+    for event in events:
+        if isinstance(event, PeriodClosed):
+            cuts.append((segment, event))
+            segment = []
+        else:
+            segment.append(event)
+    return cuts + [(segment, None)]
 
 
 def waves(events: Sequence[Envelope]) -> list[list[Envelope]]:

@@ -101,7 +101,10 @@ def _diagnose(topic: str, data: bytes | None) -> Envelope:
 
 
 def record_key(topic: str, event: BaseModel) -> bytes:
-    value = getattr(event, spec(topic).key_field)
+    """The topic's key field; a record that is not about one item of that kind (a period marker on
+    `llm.generations`) names its own `record_key`."""
+    field = spec(topic).key_field
+    value = getattr(event, field) if hasattr(event, field) else getattr(event, "record_key")
     return str(value).encode("utf-8")
 
 

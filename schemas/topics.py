@@ -21,6 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from schemas.billing_periods import PeriodClosed
 from schemas.changelog import HeldAttempt, IdentityRecorded, TenantBudgetState
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
 from schemas.dead_letter import DeadLetter
@@ -95,9 +96,10 @@ TOPICS: tuple[TopicSpec, ...] = (
               description="Attempts to start or cancel on one worker, and drain orders."),
     TopicSpec(GENERATIONS, "generation_id",
               (Admitted, AttemptStarted, CancelRequested, UsageReported, Completed, Canceled, Interrupted,
-               Expired, Failed, Rejected),
+               Expired, Failed, Rejected, PeriodClosed),
               "delete", -1, min_insync_replicas=2,
-              description="Lifecycle and usage watermarks: the billing source of truth."),
+              description="Lifecycle and usage watermarks: the billing source of truth. PeriodClosed markers "
+                          "(key period:<period>, one per partition) close a billing period."),
     TopicSpec(TOKENS, "generation_id", (TokensEmitted, StreamFinished), "delete", DAY_MS,
               description="Stream events, ordered per (generation, epoch) by seq."),
     TopicSpec(WORKERS, "worker_id", (WorkerHeartbeat,), "compact",

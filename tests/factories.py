@@ -4,6 +4,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
+from schemas.billing_periods import PeriodClosed
 from schemas.changelog import HeldAttempt, IdentityRecorded, TenantBudgetState
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
 from schemas.dead_letter import DeadLetter
@@ -75,6 +76,7 @@ def make_event(type_name: str, tenant_id: str | None = None, generation_id: str 
         "Rejected": lambda: Rejected(**scoped, error_code="no_capacity", reason="no worker could reserve KV"),
         "TokensEmitted": lambda: TokensEmitted(**scoped, epoch=1, seq=1, token_ids=(17, 18),
                                                text_delta="h\u00e9llo \U0001f600", token_count=2),
+        "PeriodClosed": lambda: PeriodClosed(period="2026-11", partition=2, partitions=6, close_id=uuid.uuid4()),
         "WatchersChanged": lambda: WatchersChanged(generation_id=gen, gateway_id="gw-test", watchers=1),
         "StreamFinished": lambda: StreamFinished(**scoped, epoch=1, seq=9, reason="interrupted",
                                                  usage=make_usage(), usage_label="interrupted"),

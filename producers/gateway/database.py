@@ -145,11 +145,9 @@ class GatewayDatabase:
         # A hash two tenants claim is ambiguous: it authenticates nobody (as producers.api_keys.authenticate).
         return Principal(rows[0][0], int(rows[0][1]), int(rows[0][2])) if len(rows) == 1 else None
 
-    async def tenant_usage(self, tenant_id: str, start, end):
-        from projections.queries import TENANT_USAGE_SQL, summarize
-
-        rows = await self._rows(TENANT_USAGE_SQL, (tenant_id, start, end))
-        return summarize(tenant_id, start, end, rows)
+    async def fetch(self, sql: str, params: tuple | dict) -> list[tuple]:
+        """A read of the projections for the modules that own its SQL (native/usage.py): same pool and errors."""
+        return await self._rows(sql, params)
 
     async def generation(self, generation_id: str) -> dict | None:
         row = await self._fetchone(f"SELECT {', '.join(STATUS_COLUMNS)} FROM generations WHERE generation_id = %s",

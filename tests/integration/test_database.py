@@ -11,7 +11,8 @@ from projections.offsets import StaleOffset, advance, load_offsets
 
 TABLES = {"alembic_version", "api_keys", "attempts", "billing_ledger", "generations", "model_versions",
           "projection_offsets", "refused_events", "stream_events", "stream_progress", "tenant_usage_hourly", "tenants",
-          "usage_reconciliation", "usage_reports", "usage_watermarks"}
+          "usage_reconciliation", "usage_reports", "usage_watermarks", "statement_items", "billing_period_marks",
+          "billing_periods", "statements", "statement_totals"}
 
 
 def tables(url: str) -> set[str]:
@@ -28,7 +29,17 @@ def test_upgrade_downgrade_upgrade(scratch_database):
     runner.upgrade(scratch_database)
     assert tables(scratch_database) == TABLES
     with psycopg.connect(scratch_database) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0005",)
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0006",)
+
+
+def test_bills_sealed_before_statements_existed_are_placed_in_the_period_of_their_seal(scratch_database):
+    runner.upgrade(scratch_database, "0005")
+    with psycopg.connect(scratch_database) as conn:
+        gen = insert_sealed_row(conn)  # sealed 2026-01-01T00:00Z
+    runner.upgrade(scratch_database)
+    with psycopg.connect(scratch_database) as conn:
+        assert conn.execute("SELECT tenant_id, period, belongs_to FROM statement_items WHERE generation_id = %s",
+                            (gen,)).fetchone() == ("acme", "2026-01", "2026-01")
 
 
 def test_migration_into_a_named_schema_leaves_public_alone(scratch_database):

@@ -12,7 +12,8 @@ from tests.projections.conftest import Gen
 T0 = datetime(2026, 3, 1, 9, 59, 59, tzinfo=UTC)
 TABLES = {"generations": "generation_id", "attempts": "generation_id", "usage_watermarks": "generation_id",
           "usage_reports": "generation_id", "billing_ledger": "generation_id",
-          "usage_reconciliation": "generation_id", "tenant_usage_hourly": "tenant_id"}
+          "usage_reconciliation": "generation_id", "tenant_usage_hourly": "tenant_id",
+          "statement_items": "generation_id"}
 
 
 def lifecycles(prefix: str) -> list[list]:

@@ -121,3 +121,10 @@ def test_a_view_holding_the_end_of_a_stream_covers_a_watermark_by_the_cumulative
     bridge.on_event("llm.generations", make_event("Interrupted", tenant, gen_id))
     view = bridge.view(gen_id)
     assert (view.final.reason, view.final.seq, view.final.usage.generated_output_tokens) == ("interrupted", 5, 8)
+
+
+def test_a_billing_period_marker_on_the_lifecycle_topic_is_no_generation_to_the_bridge():
+    bridge = live_bridge(Clock())
+    bridge.on_event("llm.generations", make_event("PeriodClosed"))
+    bridge.notify_changed()
+    assert bridge.views == {}

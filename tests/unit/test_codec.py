@@ -13,7 +13,7 @@ EVERY_TYPE = [(topic.name, model.model_fields["type"].default) for topic in TOPI
 
 
 def test_registry_holds_every_declared_type_once():
-    assert len(TYPE_REGISTRY) == len(EVERY_TYPE) == 30
+    assert len(TYPE_REGISTRY) == len(EVERY_TYPE) == 31
 
 
 @pytest.mark.parametrize(("topic", "type_name"), EVERY_TYPE)
@@ -36,6 +36,20 @@ def test_key_is_the_topic_key_field_and_headers_carry_epoch():
     assert dict(codec.record_headers(event)) == {
         "type": b"TokensEmitted", "generation-id": event.generation_id.encode(), "epoch": b"1"}
     assert codec.record_key(COMMANDS, make_event("SubmitGeneration", tenant_id="acme")) == b"acme"
+
+
+def test_a_period_marker_on_the_generations_topic_is_keyed_by_its_period_and_names_no_generation():
+    marker = make_event("PeriodClosed")
+    assert codec.record_key(GENERATIONS, marker) == b"period:2026-11"
+    assert dict(codec.record_headers(marker)) == {"type": b"PeriodClosed"}
+
+
+@pytest.mark.parametrize(("field", "value"), [("period", "2026-13"), ("period", "2026-1"), ("period", "26-11"),
+                                              ("partition", 6), ("partition", -1), ("partitions", 0)])
+def test_a_period_marker_needs_a_month_and_a_partition_of_its_topic(field, value):
+    raw = json.loads(encode(make_event("PeriodClosed")))
+    with pytest.raises(InvalidEvent):
+        decode(GENERATIONS, json.dumps({**raw, field: value}).encode())
 
 
 def test_models_records_of_one_version_have_distinct_keys_so_compaction_keeps_each():

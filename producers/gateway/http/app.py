@@ -1,6 +1,7 @@
 """The gateway's HTTP app (FastAPI): one `Gateway` (`gateway.py`) behind three routers.
 
-    native/api.py    /v1/generations...,  /v1/usage          errors: {"code", "message", "details"}
+    native/api.py    /v1/generations...                      errors: {"code", "message", "details"}
+    native/usage.py  /v1/usage, /v1/generations/{id}/usage, /v1/statements/{period}   (native errors)
     openai/api.py    /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize
                                                              errors: OpenAI's {"error": {...}}  (both: errors.py)
     here             GET /healthz, /readyz, /health, /metrics  alive | ready | vLLM's probe | Prometheus text
@@ -22,6 +23,7 @@ from producers.gateway.http import openapi_doc
 from producers.gateway.http.middleware import BodyLimit, ResponseMetrics
 from producers.gateway.http.stalls import GatewayApp
 from producers.gateway.native import api as native_api
+from producers.gateway.native import usage as usage_api
 from producers.gateway.openai import api as openai_api
 
 
@@ -73,6 +75,7 @@ def create_app(settings: Settings, kafka: Kafka, database_url: str) -> FastAPI:
     app.add_middleware(ResponseMetrics, metrics=gateway.metrics)
     app.include_router(probes(gateway))
     app.include_router(native_api.router(gateway))
+    app.include_router(usage_api.router(gateway))
     app.include_router(openai_api.router(gateway))
     openapi_doc.install(app)
     return app

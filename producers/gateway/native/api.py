@@ -6,7 +6,7 @@
     GET  /v1/generations/{id}/events   SSE stream of the generation; resumes after Last-Event-ID / ?after= (streams.py)
     WS   /v1/generations/{id}/stream   the same events as WebSocket messages
     POST /v1/generations/{id}/cancel   202 canceling | 200 already ended | 404
-    GET  /v1/usage?from=&to=           the caller's sealed usage per hour (from the billing projection)
+    (usage, line items and statements: usage.py)
 
 The tenant comes from the API key (`gateway.principal_of`), never the body.
 """
@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime, timedelta
 
-from fastapi import APIRouter, Query, Request, WebSocket
+from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from producers.gateway.admission.requests import GenerationRequest
@@ -159,17 +158,6 @@ class NativeApi:
         return JSONResponse({"id": generation_id, "status": status, "endReason": end_reason,
                              "requestId": decision.request_id}, status_code=decision.http_status)
 
-    async def usage(self, principal: Principal, start: datetime | None, end: datetime | None) -> dict:
-        end = end or datetime.now(UTC)
-        start = start or end - timedelta(hours=24)
-        if start.tzinfo is None or end.tzinfo is None:
-            raise ApiError(400, "invalid_request", "from/to need a UTC offset (e.g. 2026-11-29T10:00:00Z)",
-                           {"fields": ["from", "to"]})
-        if start >= end:
-            raise ApiError(400, "invalid_request", "from must be before to", {"fields": ["from", "to"]})
-        summary = await self.gateway.db.tenant_usage(principal.tenant_id, start, end)
-        return summary.as_json()
-
 
 def router(gateway: Gateway) -> APIRouter:
     """The native routes; an ApiError answers in the native shape (the app's handler, `errors.install`)."""
@@ -204,12 +192,6 @@ def router(gateway: Gateway) -> APIRouter:
         """The events stream as WebSocket JSON messages; `?after=SEQ` resumes; key by header or `?api_key=`."""
         await websocket.accept()
         await api.websocket(websocket, generation_id, after, api_key)
-
-    @routes.get("/v1/usage")
-    async def usage(request: Request, start: datetime | None = Query(None, alias="from"),
-                    end: datetime | None = Query(None, alias="to")):
-        """The caller's sealed (billed) usage in hourly buckets; default: the last 24 hours."""
-        return await api.usage(await principal_of(request), start, end)
 
     @routes.post("/v1/generations/{generation_id}/cancel")
     async def cancel_generation(generation_id: str, request: Request):

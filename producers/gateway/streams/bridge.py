@@ -99,6 +99,8 @@ class StreamBridge:
 
     def on_event(self, topic: str, event: Envelope, wanted: bool = True) -> None:
         """Apply one record; `wanted` False for a lifecycle record of a generation whose tokens are skipped."""
+        if not hasattr(event, "generation_id"):
+            return  # a billing period marker (schemas/billing_periods.py): about no generation
         view = self._view_for(event, wanted)
         if isinstance(event, TokensEmitted):
             stream = view.streams.setdefault(event.epoch, [])
