@@ -130,6 +130,9 @@ class Settings(BaseSettings):
     worker_free_block_watermark: float = Field(default=0.01, ge=0, lt=1, description="share of the pool kept free "
                                                "when accepting attempts, so running sequences can grow")
     worker_max_num_seqs: int = Field(default=32, ge=1)
+    worker_max_attempts: int = Field(default=256, ge=1, description="attempts a worker holds at most (running, "
+                                     "ending, waiting for room); beyond it the controller routes elsewhere, "
+                                     "holds batch work, or answers interactive work 503")
     worker_device: str = "auto"
     worker_nice: int = Field(default=10, ge=0, le=19,
                              description="added to the worker's nice value at start: on a machine it shares with "

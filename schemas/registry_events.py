@@ -55,6 +55,9 @@ class WorkerHeartbeat(Envelope):
     # Median of (observed - predicted by the queue model) waits of recent interactive attempts, in ms: the
     # controller adds it to its prediction for this worker (consumers/worker/calibration.py). None: none recent.
     wait_error_ms: float | None = added(None)
+    # The most attempts this worker takes (LEDGERLM_WORKER_MAX_ATTEMPTS); `running` counts what it holds.
+    # None: no bound (a worker from before it).
+    max_attempts: int | None = added(None, ge=1)
 
     def within_lease(self, now: float, read_through: float | None = None) -> bool:
         """Sent less than a lease before `now` (unix seconds), or before `read_through` when that is earlier:

@@ -105,6 +105,13 @@ class WorkerView:
         free = self.heartbeat.free_blocks * self.heartbeat.block_size
         return free - sum(p.tokens for p in self.pending.values())
 
+    @property
+    def full(self) -> bool:
+        """The worker holds as many attempts as it takes, counting those dispatched since its heartbeat: it
+        gets no more until some end, so no worker piles up thousands it cannot start soon."""
+        bound = self.heartbeat.max_attempts
+        return bound is not None and self.heartbeat.running + len(self.pending) >= bound
+
     def queued_tokens_ahead(self, batch: bool) -> int:
         """Prompt tokens an attempt of this tier waits behind on the worker: its heartbeat's, and those dispatched
         since; for interactive work, only the interactive ones."""
@@ -205,7 +212,8 @@ class WorkerRegistry:
         for worker_id, view in self.workers.items():
             hb = view.heartbeat
             if (worker_id not in exclude and not hb.draining and model_version in hb.model_versions
-                    and self.is_live(worker_id, now) and demand.total_tokens <= view.capacity_tokens):
+                    and self.is_live(worker_id, now) and demand.total_tokens <= view.capacity_tokens
+                    and not view.full):
                 yield worker_id, view
 
     def choose(self, model_version: str, demand: Demand, allowance_s: float, decode_tokens_per_s: float,

@@ -114,7 +114,8 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
                                max_batched_tokens=self.engine.config.max_num_batched_tokens,
                                incarnation=self.incarnation, attempts=self.held(),
                                dispatch_read_through=self.read_through_at(),
-                               wait_error_ms=self.waits.error_ms(time.monotonic()))
+                               wait_error_ms=self.waits.error_ms(time.monotonic()),
+                               max_attempts=settings.worker_max_attempts)
 
     def held(self) -> tuple[str, ...] | None:
         """"<generation>:<epoch>" of every attempt the worker holds (running, ending, waiting for room), or None

@@ -23,7 +23,7 @@ VERSION = "demo-tiny@1"
 
 def heartbeat(free_blocks: int, at: datetime = NOW, worker_id: str = "w1", **fields) -> WorkerHeartbeat:
     return WorkerHeartbeat(worker_id=worker_id, model_versions=(VERSION,), total_blocks=64, free_blocks=free_blocks,
-                           block_size=16, running=0, queued_tokens=fields.pop("queued_tokens", 0), lease_ms=2000,
+                           block_size=16, running=fields.pop("running", 0), queued_tokens=fields.pop("queued_tokens", 0), lease_ms=2000,
                            occurred_at=at, tokens_per_s=200.0, **fields)
 
 
@@ -177,3 +177,18 @@ def test_interactive_work_is_predicted_behind_interactive_prompts_only_and_batch
     assert decider.submit(state, chat, NOW).dispatch  # 100 interactive tokens ahead: 0.5 s at 200 tokens/s
     decider.submit(state, batch("b"), NOW)
     assert held_ids(state) == ["b"]  # 3,000 tokens ahead of it: 15 s
+
+
+def test_a_worker_holding_its_maximum_of_attempts_gets_no_more_until_some_end(world):
+    decider, registry, state = world
+    registry.observe(heartbeat(free_blocks=64, running=2, max_attempts=3))
+    first = decider.submit(state, batch("b1"), NOW)
+    second = decider.submit(state, batch("b2"), NOW)  # 2 held + 1 dispatched since the heartbeat: full
+    assert len(first.dispatch) == 1 and not second.dispatch and held_ids(state) == ["b2"]
+    chat = SubmitGeneration(tenant_id="acme", request_id="chat", gateway_id="gw", correlation_id="chat",
+                            model_version=VERSION, input_token_ids=(1, 2, 3, 4), max_output_tokens=12,
+                            payload_hash="ab" * 32, occurred_at=NOW)
+    refused = decider.submit(state, chat, NOW).replies[0]
+    assert (refused.http_status, refused.error_code) == (503, "no_capacity")
+    registry.observe(heartbeat(free_blocks=64, running=1, max_attempts=3, at=NOW + timedelta(seconds=2)))
+    assert len(decider.dispatch_held(state, NOW + timedelta(seconds=2)).dispatch) == 1
