@@ -67,7 +67,7 @@ class Outcomes:
 
     def on_event(self, topic: str, event) -> None:
         """Every terminal event is kept: the first ones arrive before the burst's ids are all known."""
-        if event.type not in TERMINAL:
+        if event.type not in TERMINAL:  # tokens' lifecycle neighbours, and period markers (no generation)
             return
         if event.generation_id in self.ended:
             self.repeats += 1

@@ -56,9 +56,11 @@ def decoded(topic: str, records: Iterable[LogRecord]) -> list:
     events = []
     for record in records:
         try:
-            events.append(decode(topic, record.value))
+            event = decode(topic, record.value)
         except DecodeError:
             continue
+        if event.type != "PeriodClosed":  # a billing period's marker: of no generation
+            events.append(event)
     return events
 
 

@@ -156,7 +156,7 @@ async def test_sampling_values_the_engine_cannot_take_are_refused_and_a_refusal_
     async def end_of(gen_id: str):
         since_ms = int(time.time() * 1000) - 30_000
         found = await wait_until_found(bootstrap, "llm.generations", since_ms,
-                                       lambda e: e.generation_id == gen_id and e.type in ("Rejected", "Interrupted"))
+                                       lambda e: getattr(e, "generation_id", None) == gen_id and e.type in ("Rejected", "Interrupted"))
         return found[-1]
 
     rejected = await end_of(await submit())
