@@ -69,13 +69,19 @@ def identity_key(plane: str | None, tenant_id: str, request_id: str) -> str:
 def identity_of_key(key: str, plane: str | None) -> tuple[str, str] | None:
     """(tenant id, request id) named by an identity key of `plane`; None for another plane's or a budget key.
     Tenant ids are slugs (no "/"); a request id may hold any printable character, "/" included."""
+    return item_of_key(key, plane, "g")
+
+
+def item_of_key(key: str, plane: str | None, kind: str) -> tuple[str, str] | None:
+    """(tenant id, item) of a key "<plane>/<tenant>/<kind>/<item>" of `plane`; None for any other key."""
     prefix = f"{plane or '-'}/"
     if not key.startswith(prefix):
         return None
     tenant_id, sep, rest = key[len(prefix):].partition("/")
-    if not sep or not rest.startswith("g/") or len(rest) == 2:
+    marker = f"{kind}/"
+    if not sep or not rest.startswith(marker) or len(rest) == len(marker):
         return None
-    return tenant_id, rest[2:]
+    return tenant_id, rest[len(marker):]
 
 
 class TenantBudgetState(TenantScoped):
@@ -124,8 +130,5 @@ def held_key(plane: str | None, tenant_id: str, generation_id: str) -> str:
 
 def held_of_key(key: str, plane: str | None) -> str | None:
     """The generation id named by a held-attempt key of `plane` (None for any other key)."""
-    prefix = f"{plane or '-'}/"
-    if not key.startswith(prefix):
-        return None
-    _, sep, rest = key[len(prefix):].partition("/")
-    return rest[2:] if sep and rest.startswith("h/") and len(rest) > 2 else None
+    item = item_of_key(key, plane, "h")
+    return item[1] if item is not None else None
