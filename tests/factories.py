@@ -1,9 +1,11 @@
 """Factories: one valid instance of every record type, with unique ids."""
 from __future__ import annotations
 
+import itertools
 import uuid
 from datetime import UTC, datetime, timedelta
 
+from projections.periods import Period
 from schemas.billing_periods import PeriodClosed
 from schemas.changelog import HeldAttempt, IdentityRecorded, TenantBudgetState
 from schemas.commands import AttemptRefused, CancelGeneration, ReleaseReservation, SubmitGeneration
@@ -22,6 +24,18 @@ from schemas.stream import StreamFinished, TokensEmitted
 from schemas.values import SamplingParams, TenantLimits, Usage
 
 HASH = "ab" * 32
+
+
+# The log is fresh each session and shared by its tests: each caller gets two months of 1980-2019 no other
+# caller got (a period and the one after it), so no other test's close markers ever close them.
+_OLD_MONTHS = itertools.count(1980 * 12 + uuid.uuid4().int % 12, 2)
+
+
+def old_period() -> Period:
+    """A month of 1980-2019 of this caller's own, and the month after it: no seal of a real clock falls there."""
+    n = next(_OLD_MONTHS)
+    assert n < 2020 * 12, "more tests than months set aside for them"
+    return Period(n // 12, 1 + n % 12)
 
 
 def uid(prefix: str) -> str:

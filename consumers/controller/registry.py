@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from schemas.registry_events import WorkerHeartbeat
 
@@ -24,6 +25,13 @@ PENDING_GRACE_S = 0.5
 # How long a listing is remembered once heartbeats stop naming the attempt: far beyond any lease, so the
 # memory stays bounded by what workers ran recently.
 LISTED_MEMORY_S = 300.0
+
+
+def as_of(heartbeat: WorkerHeartbeat) -> datetime:
+    """The time a heartbeat describes its worker at: its sending, or the time the worker had read its orders
+    through when that is earlier."""
+    read = heartbeat.dispatch_read_through
+    return heartbeat.occurred_at if read is None else min(heartbeat.occurred_at, read)
 
 
 @dataclass(frozen=True)
@@ -89,11 +97,11 @@ class WorkerView:
         if heartbeat.incarnation != self.heartbeat.incarnation:
             self.lost |= set(self.listed)
             self.listed = {}
-        sent = heartbeat.occurred_at.timestamp()
+        listed_at = as_of(heartbeat).timestamp()
         for key in heartbeat.attempts or ():
-            self.listed[key] = sent
+            self.listed[key] = listed_at
             self.lost.discard(key)
-        for key in [k for k, at in self.listed.items() if at < sent - LISTED_MEMORY_S]:
+        for key in [k for k, at in self.listed.items() if at < listed_at - LISTED_MEMORY_S]:
             del self.listed[key]
 
     @property
@@ -135,8 +143,10 @@ class WorkerRegistry:
                 view = self.workers[heartbeat.worker_id] = WorkerView(heartbeat)
             view.observe_listing(heartbeat)
             view.heartbeat = heartbeat
-            sent = heartbeat.occurred_at.timestamp()
-            for gen_id in [g for g, p in view.pending.items() if p.at < sent - PENDING_GRACE_S]:
+            # A heartbeat describes the worker as of when it had read its orders through, which may be well
+            # before its sending (a starved worker's loop: heartbeat_thread.py).
+            counted = as_of(heartbeat).timestamp()
+            for gen_id in [g for g, p in view.pending.items() if p.at < counted - PENDING_GRACE_S]:
                 del view.pending[gen_id]
 
     def has_fenced(self, worker_id: str, generation_id: str, epoch: int | None) -> bool:
@@ -168,9 +178,9 @@ class WorkerRegistry:
             return None  # dispatched before the controller recorded dispatch times, never listed: the lease decides
         # Judged as of when the worker had read its orders through: an order still on its way (a frozen broker,
         # a starved worker) is not yet one the worker lost.
-        judged = hb.occurred_at if hb.dispatch_read_through is None else min(hb.occurred_at, hb.dispatch_read_through)
-        judged_s = judged.timestamp() if commands_read_through is None else min(judged.timestamp(),
-                                                                                 commands_read_through)
+        judged_s = as_of(hb).timestamp()
+        if commands_read_through is not None:
+            judged_s = min(judged_s, commands_read_through)
         return "attempt-not-listed" if judged_s - since > hb.lease_ms / 1000 else None
 
     def is_live(self, worker_id: str, now: float) -> bool:

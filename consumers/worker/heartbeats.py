@@ -1,12 +1,14 @@
-"""A worker's heartbeats: capacity, load and every attempt it holds (`Worker.heartbeat`), sent every interval;
-a worker that cannot send them for a lease fences itself, since the controller has given its attempts up by
-then. Its upkeep (overdue and waiting attempts, `DispatchOrders._upkeep`) runs beside them, never in their way."""
+"""A worker's heartbeats: capacity, load and every attempt it holds (`Worker.heartbeat`), sent every interval
+from a thread of their own (heartbeat_thread.py); a worker that cannot send them for a lease fences itself,
+since the controller has given its attempts up by then. Its upkeep (overdue and waiting attempts,
+`DispatchOrders._upkeep`) runs on the worker's loop, never in their way."""
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from consumers.worker.engine_thread import EngineStopped, EngineThread
@@ -77,9 +79,10 @@ class HeartbeatAcks:
         return now - max([acked, *self.in_flight.values()]) > self.fence_after
 
 
-async def heartbeat_loop(worker: Leaseholder, thread: EngineThread) -> None:
-    """Until a drain has ended every attempt: heartbeat, and self-fence once the controller may have given
-    the lease up (`HeartbeatAcks`); a dead engine `thread` stops the worker (`EngineStopped`).
+async def heartbeat_loop(worker: Leaseholder, thread: EngineThread, fence: Callable[[], None]) -> None:
+    """Until a drain has ended every attempt: heartbeat, and self-fence (`fence()`) once the controller may have
+    given the lease up (`HeartbeatAcks`); a dead engine `thread` stops the worker (`EngineStopped`). It runs on
+    a thread of its own (heartbeat_thread.py).
 
     A worker with about 1,000 attempts on it fenced itself in `bench intake` (10,000 requests): its heartbeat
     sends timed out although the broker was there, and the upkeep of waiting attempts ran in this loop too.
@@ -98,7 +101,7 @@ async def heartbeat_loop(worker: Leaseholder, thread: EngineThread) -> None:
         except Exception as exc:  # the broker may be away; the lease decides what that means
             log.warning("heartbeat failed worker=%s error=%s", worker.worker_id, type(exc).__name__)
         if acks.must_fence(time.monotonic()):
-            worker.fence_all()
+            fence()
         if worker.drained:
             return
         await asyncio.sleep(interval)

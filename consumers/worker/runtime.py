@@ -2,7 +2,8 @@
 
     llm.dispatch[partition of worker id] ─▶ orders (orders.py): StartAttempt, CancelAttempt(epoch), DrainWorker
     engine thread outputs ─▶ stream events, watermarks, the end and the release (writer.py)
-    every heartbeat interval ─▶ WorkerHeartbeat (incarnation, attempts held); no acknowledged heartbeat for
+    every heartbeat interval ─▶ WorkerHeartbeat (incarnation, attempts held), sent from a thread of its own
+                                (heartbeat_thread.py); no acknowledged heartbeat for
                                 a lease ─▶ self-fence; an attempt past max_attempt_s + a lease ─▶ given up
 
 The KV pool is reserved by the worker's own accounting (capacity.py). An
@@ -28,7 +29,7 @@ from consumers.worker.calibration import WaitCalibration
 from consumers.worker.capacity import KVAccounting
 from consumers.worker.engine_setup import engine_config, load_engine  # noqa: F401 -- callers import them here
 from consumers.worker.engine_thread import EngineThread
-from consumers.worker.heartbeats import heartbeat_loop
+from consumers.worker.heartbeat_thread import HeartbeatThread
 from consumers.worker.orders import DispatchOrders
 from consumers.worker.waiting import WaitingQueue
 from consumers.worker.writer import AttemptWriter
@@ -69,9 +70,11 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
         self.stale_commands = 0
         self.self_fenced: dict[str, int] = {}  # generation id -> epoch, until the controller cancels it
         self.last_heartbeat_ok = time.monotonic()
+        self._fence_said_after: float | None = None  # the last acknowledgement before the lease lost last
         self.ready = asyncio.Event()
         self.stopped = asyncio.Event()
         self._thread: EngineThread | None = None
+        self.beats: HeartbeatThread | None = None
         self._finishing: set[asyncio.Task] = set()
         self._reports: set[asyncio.Task] = set()  # watermarks waiting for their stream events' acknowledgements
         self._buffered = asyncio.Event()  # some attempt holds tokens not yet in a stream event
@@ -150,14 +153,20 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
                 self.give_up(attempt, "max-attempt-time")
 
     def fence_all(self) -> None:
-        """No acknowledged heartbeat for a lease: the controller has given our attempts up, so stop them."""
+        """No acknowledged heartbeat for a lease: the controller has given our attempts up, so stop them. Asked
+        every heartbeat interval while the lease is lost; said in the log once per lost lease, and again
+        whenever it stops something."""
+        stopped = len(self.waiting)
         self.waiting.clear()
         for attempt in self.attempts.values():
             if not attempt.fenced:
                 attempt.fenced = True
                 self.self_fenced[attempt.start.generation_id] = attempt.start.epoch
                 self.abort(attempt)
-        log.error("self-fenced worker=%s attempts=%d", self.worker_id, len(self.attempts))
+                stopped += 1
+        if stopped or self._fence_said_after != self.last_heartbeat_ok:
+            self._fence_said_after = self.last_heartbeat_ok
+            log.error("self-fenced worker=%s attempts=%d stopped=%d", self.worker_id, len(self.attempts), stopped)
 
     @property
     def drained(self) -> bool:
@@ -166,8 +175,9 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
 
     # -- lifecycle --------------------------------------------------------------------------
     async def send_heartbeat(self) -> asyncio.Future:
-        """The heartbeat handed to the producer; its acknowledgement is the returned future."""
-        return await self.send(WORKERS, self.heartbeat())
+        """A heartbeat handed to the heartbeat thread's producer (on that thread); its acknowledgement is the
+        returned future."""
+        return await self.beats.send()
 
     async def run(self) -> None:
         await self.http.start()  # first: a taken port fails the start before anything else runs
@@ -193,7 +203,8 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
                  asyncio.create_task(self._upkeep(), name="worker-upkeep")]
         if self.settings.stream_flush_ms > 0:
             tasks.append(asyncio.create_task(self._flusher(), name="worker-flush"))
-        heartbeats = asyncio.create_task(heartbeat_loop(self, self._thread), name="worker-heartbeat")
+        self.beats = HeartbeatThread(self, self._thread)
+        heartbeats = self.beats.start()
         self.ready.set()
         log.info("worker ready worker=%s model=%s blocks=%d", self.worker_id, self.model.model_version,
                  self.total_blocks)
@@ -205,7 +216,7 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
         finally:
             for task in [*tasks, *self._reports]:
                 task.cancel()
-            heartbeats.cancel()
+            await self.beats.stop()
             if self._finishing:  # ends already computed are still written
                 await asyncio.wait(self._finishing, timeout=5)
             try:

@@ -99,7 +99,7 @@ async def test_controller_kill9_and_restart_loses_and_repeats_no_decision(
 
 
 async def test_worker_that_cannot_heartbeat_fences_itself_and_writes_nothing_more(
-        gateway, start_worker, controller, tenants, versions, bootstrap):
+        gateway, start_worker, worker_tasks, controller, tenants, versions, bootstrap):
     since_ms = int(time.time() * 1000) - 1000
     lease_s = 1.0  # this worker's own lease (its heartbeats carry it), so generations outlast it
     isolated = await start_worker("killable", lease_ms=int(lease_s * 1000), heartbeat_interval_ms=200)
@@ -115,16 +115,22 @@ async def test_worker_that_cannot_heartbeat_fences_itself_and_writes_nothing_mor
 
     isolated.send_heartbeat = unreachable
     cut_at = time.monotonic()
-    running = {a.start.generation_id for a in isolated.attempts.values()}
-    await wait_until(lambda: not isolated.attempts, lease_s + 8, what="self-fencing")  # generous on a loaded CI box
-    fenced_after = time.monotonic() - cut_at
-    assert isolated.engine.stats().num_blocks_used == 0 and isolated.free_blocks == isolated.total_blocks
-    await wait_until(lambda: all(bridge.view(i).final for i in ids), 15, what="every stream's end")
-    await asyncio.sleep(0.5)
+    try:
+        running = {a.start.generation_id for a in isolated.attempts.values()}
+        await wait_until(lambda: not isolated.attempts, lease_s + 8, what="self-fencing")  # generous on a loaded box
+        fenced_after = time.monotonic() - cut_at
+        assert isolated.engine.stats().num_blocks_used == 0 and isolated.free_blocks == isolated.total_blocks
+        await wait_until(lambda: all(bridge.view(i).final for i in ids), 15, what="every stream's end")
+    finally:  # a worker that can never heartbeat again would fence itself every 200 ms for the rest of the session
+        worker_tasks[isolated.worker_id].cancel()
+
+    async def lifecycles() -> dict[str, list[str]] | None:
+        events = await read_topic(bootstrap, "llm.generations", since_ms, lambda e: e.generation_id in ids)
+        types = {gen_id: [e.type for e in events if e.generation_id == gen_id] for gen_id in ids}
+        return types if all({"Completed", "Interrupted"} & set(t) for t in types.values()) else None
+
     interrupted = 0
-    for gen_id in ids:
-        types = [e.type for e in await read_topic(bootstrap, "llm.generations", since_ms,
-                                                  lambda e, g=gen_id: e.generation_id == g)]
+    for types in (await wait_until(lifecycles, 15, what="every generation's end on the log", step_s=0.2)).values():
         if "Completed" in types:  # finished before the lease ran out
             assert "Interrupted" not in types
         else:

@@ -25,9 +25,10 @@ from projections.runtime import Projector
 from schemas.stream import StreamFinished, TokensEmitted
 from schemas.topics import GENERATIONS, TOKENS
 from tests.controlplane.conftest import body
+from tests.factories import old_period
 from tests.projections.conftest import Gen
 
-PERIOD = Period(1980 + uuid.uuid4().int % 40, 1 + uuid.uuid4().int % 12)  # this module's own month
+PERIOD = old_period()  # this module's own month
 HOUR = PERIOD.start.replace(day=15, hour=10)
 
 

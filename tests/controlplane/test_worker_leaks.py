@@ -10,7 +10,6 @@ import uuid
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 
 from schemas.stream import TokensEmitted
-from schemas.topics import WORKERS
 from tests.controlplane.conftest import SESSION, read_topic, wait_until_found
 from tests.controlplane.test_worker_failures import admit
 from tests.waiting import wait_until
@@ -160,12 +159,10 @@ async def test_a_heartbeat_acknowledged_late_within_the_lease_still_renews_it(
     worker = await start_worker(version)
     interval_s, lease_s = cp_settings.heartbeat_interval_ms / 1000, cp_settings.lease_ms / 1000
     delay_s = min(interval_s * 2.5, lease_s - interval_s * 2)  # past two intervals, well inside the lease
-    real_send = worker.send
+    real_send = worker.send_heartbeat
 
-    async def late_send(topic: str, event) -> asyncio.Future:  # fault injection: heartbeats acknowledged late
-        delivery = await real_send(topic, event)
-        if topic != WORKERS:
-            return delivery
+    async def late_send() -> asyncio.Future:  # fault injection: heartbeats acknowledged late (on their thread)
+        delivery = await real_send()
         late = asyncio.get_running_loop().create_future()
 
         def forward(_: asyncio.Future) -> None:
@@ -174,11 +171,11 @@ async def test_a_heartbeat_acknowledged_late_within_the_lease_still_renews_it(
         delivery.add_done_callback(forward)
         return late
 
-    worker.send = late_send
+    worker.send_heartbeat = late_send
     try:
         slowed_at = time.monotonic()
         await wait_until(lambda: worker.last_heartbeat_ok > slowed_at + lease_s, lease_s * 4,
                          what="late heartbeats renewing the lease for more than a lease")
         assert not worker.self_fenced and worker.readiness().checks["heartbeating"]
     finally:
-        worker.send = real_send
+        worker.send_heartbeat = real_send

@@ -23,6 +23,7 @@ from projections.runtime import Projector, connect
 from projections.statement_lines import LineItem, line_items_sha256
 from schemas.billing_periods import PeriodClosed
 from schemas.topics import GENERATIONS
+from tests.factories import old_period
 from tests.projections.conftest import Gen, all_rows, one
 
 STATEMENT = ("SELECT generations, late_generations, line_items_sha256 FROM statements "
@@ -30,12 +31,6 @@ STATEMENT = ("SELECT generations, late_generations, line_items_sha256 FROM state
 ITEMS = ("SELECT b.generation_id, b.epoch, b.model_version, b.usage_label, b.end_reason, b.sealed_at, i.belongs_to, "
          "b.billed_input_tokens, b.billed_cached_input_tokens, b.billed_output_tokens FROM statement_items i "
          "JOIN billing_ledger b USING (generation_id) WHERE i.tenant_id = %s AND i.period = %s")
-
-
-def old_period() -> Period:
-    """A month of 1990-2019 of this test's own: markers of other tests never close it."""
-    n = uuid.uuid4().int
-    return Period(1990 + n % 30, 1 + (n >> 8) % 12)
 
 
 def in_period(tenant: str, period: Period, day: int = 20, generation_id: str | None = None) -> Gen:
