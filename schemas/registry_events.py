@@ -58,6 +58,10 @@ class WorkerHeartbeat(Envelope):
     # The most attempts this worker takes (LEDGERLM_WORKER_MAX_ATTEMPTS); `running` counts what it holds.
     # None: no bound (a worker from before it).
     max_attempts: int | None = added(None, ge=1)
+    # When the worker's loop described what this heartbeat says (its attempts, room, queue), if earlier than its
+    # sending: the heartbeat thread sends the newest description it has, however starved the loop
+    # (consumers/worker/heartbeat_thread.py). None: described as it was sent.
+    described_at: datetime | None = added(None)
 
     def within_lease(self, now: float, read_through: float | None = None) -> bool:
         """Sent less than a lease before `now` (unix seconds), or before `read_through` when that is earlier:

@@ -28,10 +28,10 @@ LISTED_MEMORY_S = 300.0
 
 
 def as_of(heartbeat: WorkerHeartbeat) -> datetime:
-    """The time a heartbeat describes its worker at: its sending, or the time the worker had read its orders
-    through when that is earlier."""
-    read = heartbeat.dispatch_read_through
-    return heartbeat.occurred_at if read is None else min(heartbeat.occurred_at, read)
+    """The time a heartbeat describes its worker at: its sending, or when that is earlier, the time its worker's
+    loop described it, or had read its orders through."""
+    times = (heartbeat.occurred_at, heartbeat.described_at, heartbeat.dispatch_read_through)
+    return min(t for t in times if t is not None)
 
 
 @dataclass(frozen=True)

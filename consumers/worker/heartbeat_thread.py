@@ -83,7 +83,9 @@ class HeartbeatThread:
         """The newest description of the worker, stamped now, handed to this thread's producer; the returned
         future is its acknowledgement."""
         description = await self._describe()
-        heartbeat = description.model_copy(update={"event_id": uuid4(), "occurred_at": datetime.now(UTC)})
+        # Built on the worker's loop, a description's own time is when it was described.
+        heartbeat = description.model_copy(update={"event_id": uuid4(), "occurred_at": datetime.now(UTC),
+                                                   "described_at": description.occurred_at})
         return await self._producer.send(WORKERS, value=encode(heartbeat), key=record_key(WORKERS, heartbeat),
                                          headers=record_headers(heartbeat))
 

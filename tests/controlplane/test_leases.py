@@ -88,3 +88,21 @@ def test_an_attempt_unlisted_after_its_release_is_not_lost_while_the_release_wai
     assert not decider.expire_leases(state, at(9.1), commands_read_through=NOW.timestamp() + 0.4)
     (interrupted,) = decider.expire_leases(state, at(9.1), commands_read_through=NOW.timestamp() + 8.0).generations
     assert interrupted.reason == "attempt-not-listed"  # read far past the release point: the attempt is lost
+
+
+def test_a_description_older_than_its_heartbeat_judges_the_listing_as_of_when_it_was_described(world):
+    """A starved worker's heartbeat thread keeps sending the description its loop last gave (heartbeat_thread.py):
+    it cannot list an order the loop had not seen, and the dispatches it does not count stay pending."""
+    decider, registry, state = world
+    registry.observe(heartbeat("w1", incarnation="only", attempts=()))
+    gen_id = decider.submit(state, submit(), NOW).replies[0].generation_id
+    assert registry.workers["w1"].pending
+    for second in (1.0, 2.0, 3.0, 3.9):  # the loop is stuck: every heartbeat re-sends a description of -0.2 s
+        registry.observe(heartbeat("w1", at=at(second), incarnation="only", attempts=(), described_at=at(-0.2)))
+        assert not decider.expire_leases(state, at(second + 0.1)) and registry.workers["w1"].pending
+    registry.observe(heartbeat("w1", at=at(4.5), incarnation="only", attempts=(f"{gen_id}:1",),
+                               described_at=at(4.4)))  # the loop is back, and holds it
+    assert not registry.workers["w1"].pending
+    registry.observe(heartbeat("w1", at=at(7.0), incarnation="only", attempts=(), described_at=at(6.9)))
+    (interrupted,) = decider.expire_leases(state, at(7.1)).generations
+    assert (interrupted.epoch, interrupted.reason) == (1, "attempt-not-listed")

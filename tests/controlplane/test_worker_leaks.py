@@ -10,7 +10,7 @@ import uuid
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 
 from schemas.stream import TokensEmitted
-from tests.controlplane.conftest import SESSION, read_topic, wait_until_found
+from tests.controlplane.conftest import SESSION, pace_steps, read_topic, wait_until_found
 from tests.controlplane.test_worker_failures import admit
 from tests.waiting import wait_until
 
@@ -179,3 +179,29 @@ async def test_a_heartbeat_acknowledged_late_within_the_lease_still_renews_it(
         assert not worker.self_fenced and worker.readiness().checks["heartbeating"]
     finally:
         worker.send_heartbeat = real_send
+
+
+async def test_a_worker_whose_event_loop_is_stuck_past_its_lease_keeps_its_lease_and_its_attempt(
+        gateway, start_worker, controller, tenants, model_dir, bootstrap, cp_settings):
+    """The heartbeats have a thread and a producer of their own: a worker loop busy (or starved of CPU) for
+    longer than a lease still heartbeats, with the description its loop last gave, so the controller (another
+    process here) interrupts nothing. With the heartbeat on the loop, its lease ran out and the attempt ended
+    `worker-lease-expired`."""
+    since_ms = int(time.time() * 1000) - 1000
+    version = await own_version(bootstrap, model_dir, "stuck-loop")
+    worker = await start_worker(version)
+    pace_steps(worker.engine, 0.01)  # 480 tokens outlast the stuck loop
+    gen_id = await admit(gateway, tenants["main"].headers, model=version, maxOutputTokens=480)
+    bridge = gateway.gateway.bridge
+    await wait_until(lambda: (v := bridge.view(gen_id)) and len(v.tokens) >= 2, 20, what="first tokens")
+    lease_s = cp_settings.lease_ms / 1000
+    stuck_at = time.time()
+    time.sleep(lease_s * 2)  # fault injection: the worker's event loop (this test's) does nothing for two leases
+    unstuck_at = time.time()
+    view = await wait_until(lambda: (v := bridge.view(gen_id)) and v.final and v, 60, what="the generation's end")
+    beats = await read_topic(bootstrap, "llm.workers", since_ms, lambda e: e.worker_id == worker.worker_id)
+    during = sorted(e.occurred_at.timestamp() for e in beats if stuck_at <= e.occurred_at.timestamp() <= unstuck_at)
+    gaps = [b - a for a, b in zip([stuck_at, *during], [*during, unstuck_at])]
+    assert (view.status, view.final.reason) == ("completed", "output-limit")
+    assert max(gaps) < lease_s, f"heartbeats while the loop was stuck: {len(during)}, gaps {gaps}"
+    assert not worker.self_fenced
