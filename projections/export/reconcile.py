@@ -32,7 +32,7 @@ RECONCILE_SQL = """
                                                                          'YYYY-MM-DD"T"HH24:MI:SS"Z"')
                 WHEN b.generation_id IS NULL THEN 'exported as ' || e.record_id
                 WHEN e.outcome = 'dead-lettered' THEN COALESCE(e.reason, '')
-                ELSE format('sealed epoch %s meters %s/%s/%s, exported epoch %s meters %s/%s/%s',
+                ELSE format('sealed epoch %%s meters %%s/%%s/%%s, exported epoch %%s meters %%s/%%s/%%s',
                             COALESCE(b.epoch, 0), b.billed_input_tokens, b.billed_cached_input_tokens,
                             b.billed_output_tokens, e.epoch, e.billed_input_tokens,
                             e.billed_cached_input_tokens, e.billed_output_tokens) END
