@@ -27,6 +27,7 @@ class BillingDouble:
         self.lock = threading.Lock()
         self.accepted: dict[tuple[str, str], dict] = {}
         self.deliveries: list[str] = []
+        self.batches: list[list[str]] = []  # the event ids of each request the double stored
         self.requests = 0
         self.fail_next: list[tuple[int, dict[str, str]]] = []  # (status, headers) answered before any check
         self.refuse_ids: set[str] = set()
@@ -99,6 +100,8 @@ class BillingDouble:
                     status, events = 400, []
                 with double.lock:
                     double.deliveries += [key[1] for key, _ in events]
+                    if events:
+                        double.batches.append([key[1] for key, _ in events])
                     for key, event in events:
                         double.accepted.setdefault(key, event)
                 if number == double.hold_request:
