@@ -68,7 +68,7 @@ class StripeSink:
     async def deliver_one(self, export: Export, stop: asyncio.Event) -> Outcome:
         if export.billing.stripe_customer_id is None:
             return Outcome(export.seal, f"tenant {export.seal.tenant_id} has no Stripe customer "
-                                        "(ledgerlm tenants set-billing --stripe-customer)")
+                                        "(ledgerlm tenants create --stripe-customer)")
         forms = self.meter_events(export)
         answers = await asyncio.gather(*(self.send_event(form, stop) for form in forms), return_exceptions=True)
         for answer in answers:
