@@ -178,6 +178,27 @@ class Settings(BaseSettings):
     projector_ready_lag: int = Field(default=1000, ge=0,
                                      description="the projector is ready while no projection lags more records")
     projector_lag_interval_s: float = Field(default=10.0, gt=0, description="how often projection lag is measured")
+    # -- export of sealed usage (`ledgerlm export --sink S`; docs/billing.md, Export) --
+    export_group: str = Field(default="ledgerlm-export", description="consumer group prefix: <group>-<sink>")
+    export_source: str = Field(default="ledgerlm", description="the CloudEvents `source` of every usage "
+                               "event; keep it stable (OpenMeter deduplicates on id and source)")
+    export_batch_records: int = Field(default=500, ge=1, description="records of llm.generations per poll")
+    export_retry_max_s: float = Field(default=30.0, gt=0, description="longest wait between two sends of a "
+                                      "request a sink did not take (429, 5xx, no answer)")
+    export_metrics_port: int = Field(default=0, ge=0)
+    export_lag_interval_s: float = Field(default=10.0, gt=0, description="how often export lag and the "
+                                         "oldest unexported seal are measured")
+    openmeter_url: str = "http://127.0.0.1:8888"
+    openmeter_token: SecretStr | None = None
+    stripe_url: str = "https://api.stripe.com"
+    stripe_api_key: SecretStr | None = None
+    stripe_event_input: str = Field(default="ledgerlm_input_tokens", description="Stripe meter event name of "
+                                    "billed input tokens")
+    stripe_event_cached_input: str = "ledgerlm_cached_input_tokens"
+    stripe_event_output: str = "ledgerlm_output_tokens"
+    lago_url: str = "http://127.0.0.1:3000"
+    lago_api_key: SecretStr | None = None
+    lago_metric_code: str = Field(default="llm_tokens", description="the Lago billable metric's code")
     # -- gateway bounds (issue 15): what one client or tenant can make a gateway hold --
     gateway_db_pool_size: int = Field(default=4, ge=1, description="Postgres connections the gateway's reads share")
     gateway_db_timeout_s: float = Field(default=10.0, gt=0, description="how long a gateway read waits for a "

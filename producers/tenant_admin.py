@@ -13,7 +13,7 @@ from projections.runtime import Projector
 from projections.tenants import TenantsProjection
 from schemas.registry_events import TenantRegistered
 from schemas.topics import TENANTS
-from schemas.values import TenantLimits
+from schemas.values import BillingIds, TenantLimits
 
 TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 
@@ -32,7 +32,8 @@ class CreatedTenant:
     api_key: str
 
 
-async def create_tenant(kafka: Kafka, database_url: str, name: str, limits: TenantLimits) -> CreatedTenant:
+async def create_tenant(kafka: Kafka, database_url: str, name: str, limits: TenantLimits,
+                        billing: BillingIds = BillingIds()) -> CreatedTenant:
     """Register a new tenant; the tenant id is its name (lowercase slug), unique by construction."""
     if not TENANT_NAME.match(name):
         raise InvalidTenantName(f"tenant name {name!r} must match {TENANT_NAME.pattern}")
@@ -42,7 +43,7 @@ async def create_tenant(kafka: Kafka, database_url: str, name: str, limits: Tena
             raise TenantExists(f"tenant {name!r} already exists")
         key = issue_api_key()
         event = TenantRegistered(tenant_id=name, name=name, limits=limits,
-                                 api_key_hash=key.hash, api_key_prefix=key.prefix)
+                                 api_key_hash=key.hash, api_key_prefix=key.prefix, billing=billing)
         producer = make_producer(kafka)
         await producer.start()
         try:

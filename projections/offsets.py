@@ -1,11 +1,13 @@
-"""Projection offsets stored next to the rows they produced, with compare-and-set.
+"""Consumer offsets stored next to the rows they produced, with compare-and-set.
 
-A projection writes its rows and `projection_offsets` in one transaction. The
-offset update names the offset it expects to replace; a consumer that lost
-its partition in a rebalance (and so expects an older offset) updates zero
-rows, raises StaleOffset, and its whole transaction rolls back.
+A projection writes its rows and `projection_offsets` in one transaction (an exporter its sink ledger and
+`export_offsets`). The offset update names the offset it expects to replace; a consumer that lost its
+partition in a rebalance (and so expects an older offset) updates zero rows, raises StaleOffset, and its
+whole transaction rolls back.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import psycopg
 
@@ -14,25 +16,38 @@ class StaleOffset(Exception):
     """Another consumer already advanced this partition: apply nothing."""
 
 
-def load_offsets(conn: psycopg.Connection, projection: str, topic: str) -> dict[int, int]:
+@dataclass(frozen=True)
+class OffsetTable:
+    """A table of (owner, topic, partition) -> next offset; `owner` names the column of the consumer's name."""
+
+    name: str
+    owner: str
+
+
+PROJECTIONS = OffsetTable("projection_offsets", "projection")
+EXPORTS = OffsetTable("export_offsets", "sink")
+
+
+def load_offsets(conn: psycopg.Connection, projection: str, topic: str,
+                 table: OffsetTable = PROJECTIONS) -> dict[int, int]:
     rows = conn.execute(
-        "SELECT partition, next_offset FROM projection_offsets WHERE projection = %s AND topic = %s",
+        f"SELECT partition, next_offset FROM {table.name} WHERE {table.owner} = %s AND topic = %s",
         (projection, topic),
     ).fetchall()
     return {partition: offset for partition, offset in rows}
 
 
 def advance(conn: psycopg.Connection, projection: str, topic: str, partition: int,
-            expected: int | None, next_offset: int) -> None:
+            expected: int | None, next_offset: int, table: OffsetTable = PROJECTIONS) -> None:
     """Move the stored offset from `expected` (None: no row yet) to `next_offset`, or raise StaleOffset."""
     if expected is None:
         cur = conn.execute(
-            "INSERT INTO projection_offsets (projection, topic, partition, next_offset) VALUES (%s, %s, %s, %s) "
+            f"INSERT INTO {table.name} ({table.owner}, topic, partition, next_offset) VALUES (%s, %s, %s, %s) "
             "ON CONFLICT DO NOTHING", (projection, topic, partition, next_offset))
     else:
         cur = conn.execute(
-            "UPDATE projection_offsets SET next_offset = %s "
-            "WHERE projection = %s AND topic = %s AND partition = %s AND next_offset = %s",
+            f"UPDATE {table.name} SET next_offset = %s "
+            f"WHERE {table.owner} = %s AND topic = %s AND partition = %s AND next_offset = %s",
             (next_offset, projection, topic, partition, expected))
     if cur.rowcount != 1:
         raise StaleOffset(f"{projection} {topic}[{partition}]: expected offset {expected} is no longer current")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from schemas.envelope import Envelope
 from schemas.registry_events import TenantRegistered
@@ -31,17 +32,18 @@ def apply(conn: psycopg.Connection, event: TenantRegistered) -> None:
     conn.execute(
         """
         INSERT INTO tenants (tenant_id, name, weight, max_tokens_in_flight, tokens_per_minute,
-                             max_concurrency, max_queued_tokens, registered_at)
-        VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+                             max_concurrency, max_queued_tokens, registered_at, billing)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
         ON CONFLICT (tenant_id) DO UPDATE SET
             name = EXCLUDED.name, weight = EXCLUDED.weight,
             max_tokens_in_flight = EXCLUDED.max_tokens_in_flight,
             tokens_per_minute = EXCLUDED.tokens_per_minute,
             max_concurrency = EXCLUDED.max_concurrency,
-            max_queued_tokens = EXCLUDED.max_queued_tokens
+            max_queued_tokens = EXCLUDED.max_queued_tokens, billing = EXCLUDED.billing
         """,
         (event.tenant_id, event.name, limits.weight, limits.max_tokens_in_flight, limits.tokens_per_minute,
-         limits.max_concurrency, limits.max_queued_tokens, event.occurred_at),
+         limits.max_concurrency, limits.max_queued_tokens, event.occurred_at,
+         Jsonb(event.billing.model_dump(exclude_none=True))),
     )
     conn.execute(
         "INSERT INTO api_keys (key_hash, tenant_id, key_prefix, issued_at) VALUES (%s, %s, %s, %s) "

@@ -68,7 +68,8 @@ def decode(topic: str, data: bytes | None) -> Envelope:
         except ValidationError:
             pass  # the slow path below says precisely what is wrong
         else:
-            if event.schema_version in SUPPORTED_SCHEMA_VERSIONS:
+            # A CloudEvent (llm.usage-export) has no envelope: its `specversion` is its version.
+            if getattr(event, "schema_version", 1) in SUPPORTED_SCHEMA_VERSIONS:
                 return event
     return _diagnose(topic, data)
 

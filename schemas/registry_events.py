@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from schemas.envelope import Envelope
-from schemas.values import TenantLimits, added
+from schemas.values import BillingIds, TenantLimits, added
 
 
 class WorkerHeartbeat(Envelope):
@@ -111,3 +111,4 @@ class TenantRegistered(Envelope):
     limits: TenantLimits
     api_key_hash: str = Field(min_length=64, max_length=64)
     api_key_prefix: str = Field(min_length=1, max_length=32)
+    billing: BillingIds = added(BillingIds())

@@ -12,6 +12,7 @@
     llm.tenants             tenant id       compact   -
     llm.presence            generation id   delete    1 h
     llm.dlq                 source topic    delete    14 d
+    llm.usage-export        tenant id       delete    30 d      (CloudEvents, `ledgerlm export --sink kafka`)
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from schemas.presence import WatchersChanged
 from schemas.registry_events import ModelVersionRegistered, TenantRegistered, WorkerHeartbeat
 from schemas.replies import AdmissionDecision
 from schemas.stream import StreamFinished, TokensEmitted
+from schemas.usage_export import UsageSealed
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
@@ -50,6 +52,7 @@ MODELS = "llm.models"
 TENANTS = "llm.tenants"
 PRESENCE = "llm.presence"
 DLQ = "llm.dlq"
+USAGE_EXPORT = "llm.usage-export"
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,9 @@ TOPICS: tuple[TopicSpec, ...] = (
               description="Subscribers per gateway and generation: the disconnect grace across gateways."),
     TopicSpec(DLQ, "source_topic", (DeadLetter,), "delete", 14 * DAY_MS,
               description="Undecodable or invalid records with the reason."),
+    TopicSpec(USAGE_EXPORT, "subject", (UsageSealed,), "delete", 30 * DAY_MS,
+              description="Sealed usage for billing systems: one CloudEvents 1.0 structured event per sealed "
+                          "attempt (id usage:<generationId>:<epoch>), written by `ledgerlm export --sink kafka`."),
 )
 
 BY_NAME: dict[str, TopicSpec] = {spec.name: spec for spec in TOPICS}

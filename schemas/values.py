@@ -77,6 +77,14 @@ class Usage(Value):
     recompute_tokens: int = Field(default=0, ge=0)
 
 
+class BillingIds(Value):
+    """Who the tenant is in the operator's billing systems (`ledgerlm export`): the Stripe customer its meter
+    events name, and the Lago subscription its events are billed on (unset: the tenant id)."""
+
+    stripe_customer_id: str | None = added(None, min_length=1, max_length=255)
+    lago_subscription_id: str | None = added(None, min_length=1, max_length=255)
+
+
 class TenantLimits(Value):
     weight: float = Field(default=1.0, gt=0.0)
     max_tokens_in_flight: int = Field(default=200_000, ge=1)

@@ -21,7 +21,8 @@ from schemas.registry_events import ModelVersionRegistered, TenantRegistered, Wo
 from schemas.replies import AdmissionDecision
 from schemas.presence import WatchersChanged
 from schemas.stream import StreamFinished, TokensEmitted
-from schemas.values import SamplingParams, TenantLimits, Usage
+from schemas.usage_export import SealedUsage, UsageSealed, usage_id
+from schemas.values import BillingIds, SamplingParams, TenantLimits, Usage
 
 HASH = "ab" * 32
 
@@ -106,7 +107,8 @@ def make_event(type_name: str, tenant_id: str | None = None, generation_id: str 
         "ModelAliasSet": lambda: ModelAliasSet(alias=uid("alias"), weights={"demo-tiny@1": 90, "demo-tiny@2": 10},
                                                set_at=datetime(2026, 1, 3, tzinfo=UTC)),
         "TenantRegistered": lambda: TenantRegistered(tenant_id=tenant, name=tenant, limits=TenantLimits(weight=3),
-                                                     api_key_hash=uuid.uuid4().hex * 2, api_key_prefix="llm_abc"),
+                                                     api_key_hash=uuid.uuid4().hex * 2, api_key_prefix="llm_abc",
+                                                     billing=BillingIds(stripe_customer_id="cus_test")),
         "IdentityRecorded": lambda: IdentityRecorded(tenant_id=tenant, request_id=uid("req"),
                                                      generation_id=gen, payload_hash=HASH, status="canceling",
                                                      model_version="demo-tiny@1", tier="batch", epoch=1,
@@ -122,5 +124,9 @@ def make_event(type_name: str, tenant_id: str | None = None, generation_id: str 
                                            plane="ledgerlm-controller"),
         "DeadLetter": lambda: DeadLetter(source_topic="llm.generations", partition=2, offset=41, key_b64=None,
                                          error_class="MalformedRecord", reason="not JSON", payload_b64="AAE="),
+        "io.ledgerlm.usage.sealed": lambda: UsageSealed(
+            id=usage_id(gen, 1), source="ledgerlm://test", subject=tenant, time=datetime(2026, 11, 30, tzinfo=UTC),
+            data=SealedUsage(generation_id=gen, epoch=1, model="demo-tiny@1", label="final", end_reason="completed",
+                             input_tokens=100, cached_input_tokens=32, output_tokens=20)),
     }
     return factories[type_name]()

@@ -1,4 +1,5 @@
-"""`ledgerlm billing close --period P` and `ledgerlm billing statement --tenant T --period P [--json|--csv]`.
+"""`ledgerlm billing close --period P`, `ledgerlm billing statement --tenant T --period P [--json|--csv]` and
+`ledgerlm billing reconcile --sink S [--json]`.
 
 Closing writes a `PeriodClosed` marker into every partition of `llm.generations` and waits for the
 projector (`ledgerlm project`, or `ledgerlm up`) to make the statements; a statement is read from the
@@ -13,6 +14,7 @@ import sys
 
 from ledgerlm.cli.endpoints import database_url, kafka_access
 from ledgerlm.cli.errors import CliError
+from ledgerlm.cli.export_cmd import SINK_NAMES
 from plumbing.settings import Settings
 
 
@@ -31,6 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     shape.add_argument("--json", action="store_true", help="the statement with its line items as JSON")
     shape.add_argument("--csv", action="store_true", help="the line items as CSV")
     statement.set_defaults(handler=run_statement)
+    reconcile = billing.add_parser("reconcile", help="a sink's export ledger against the sealed bills")
+    reconcile.add_argument("--sink", required=True, choices=SINK_NAMES)
+    reconcile.add_argument("--json", action="store_true")
+    reconcile.set_defaults(handler=run_reconcile)
 
 
 NOT_MIGRATED = "the database has no statements tables: run `ledgerlm db upgrade`"
@@ -103,3 +109,23 @@ def describe(doc: dict) -> list[str]:
     lines += [f"{'total':<32} {doc['generations']:>11} {totals['inputTokens']:>12} {totals['cachedInputTokens']:>12} "
               f"{totals['outputTokens']:>12}", f"line items sha256 {doc['lineItemsSha256']}"]
     return lines
+
+
+def run_reconcile(args: argparse.Namespace) -> int:
+    """Exit 0 when the sink's ledger holds every seal, acknowledged and as sealed; 1 with each difference."""
+    import psycopg
+
+    from projections.export.reconcile import reconcile
+
+    with psycopg.connect(database_url(Settings()), autocommit=True) as conn:
+        try:
+            differences = reconcile(conn, args.sink)
+        except psycopg.errors.UndefinedTable:
+            raise CliError(NOT_MIGRATED) from None
+    if args.json:
+        print(json.dumps({"sink": args.sink, "differences": [d.as_json() for d in differences]}))
+    else:
+        for d in differences:
+            print(f"{d.kind:<14} {d.generation_id}  {d.detail}")
+        print(f"reconcile {args.sink}: {len(differences)} difference(s)")
+    return 0 if not differences else 1

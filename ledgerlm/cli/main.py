@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "ledgerlm.cli.bench",
     "ledgerlm.cli.project_cmd",
     "ledgerlm.cli.billing_cmd",
+    "ledgerlm.cli.export_cmd",
     "ledgerlm.cli.controller_cmd",
     "ledgerlm.cli.worker_cmd",
     "ledgerlm.cli.gateway_cmd",

@@ -20,6 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     create.add_argument("--tokens-per-minute", type=int, default=1_000_000)
     create.add_argument("--max-concurrency", type=int, default=64)
     create.add_argument("--max-queued-tokens", type=int, default=400_000)
+    create.add_argument("--stripe-customer", metavar="CUS_ID", help="the Stripe customer its meter events name")
+    create.add_argument("--lago-subscription", metavar="ID", help="the Lago subscription its usage is billed on "
+                                                                 "(default: the tenant id)")
     create.add_argument("--json", action="store_true")
     create.add_argument("--no-kafka", action="store_true", help="no intake/results topics for the tenant")
     create.set_defaults(handler=run_create)
@@ -87,17 +90,19 @@ def run_create(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from producers.tenant_admin import InvalidTenantName, TenantExists, create_tenant
-    from schemas.values import TenantLimits
+    from schemas.values import BillingIds, TenantLimits
 
     settings = Settings()
     try:
         limits = TenantLimits(weight=args.weight, max_tokens_in_flight=args.max_tokens_in_flight,
                               tokens_per_minute=args.tokens_per_minute, max_concurrency=args.max_concurrency,
                               max_queued_tokens=args.max_queued_tokens)
+        billing = BillingIds(stripe_customer_id=args.stripe_customer, lago_subscription_id=args.lago_subscription)
     except ValidationError as exc:
         raise CliError("invalid limits: " + "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors())) from None
     try:
-        created = asyncio.run(create_tenant(kafka_access(settings), database_url(settings), args.name, limits))
+        created = asyncio.run(create_tenant(kafka_access(settings), database_url(settings), args.name, limits,
+                                            billing))
     except (TenantExists, InvalidTenantName) as exc:
         raise CliError(str(exc)) from None
     granted = None if args.no_kafka else grant(settings, created.tenant_id)

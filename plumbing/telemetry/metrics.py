@@ -15,6 +15,9 @@ and workers side by side — without two metrics claiming one name.
                 num_requests_running/waiting, prefix_cache_hit_tokens_total, preemptions_total,
                 recomputed_tokens_total
     projector   projection_consumer_lag{projection}, projection_applied_events_total{projection}
+    exporter    usage_exported_total{sink}, usage_export_dead_lettered_total{sink} (alert on any),
+                usage_export_retries_total{sink}, usage_export_lag{sink},
+                usage_export_oldest_unexported_seconds{sink}
 """
 from __future__ import annotations
 
@@ -184,3 +187,23 @@ class _AppliedCollector(Collector):
         for name, count in sorted(self.applied().items()):
             family.add_metric([name], count)
         yield family
+
+
+class ExporterMetrics:
+    """One sink's exporter. The dead-letter counter is the alert: each one is a seal the sink refused."""
+
+    def __init__(self, sink: str) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.exported = Counter(f"{PREFIX}usage_exported", "Sealed attempts the sink acknowledged", ["sink"],
+                                registry=r).labels(sink=sink)
+        self.dead_lettered = Counter(f"{PREFIX}usage_export_dead_lettered", "Sealed attempts the sink refused "
+                                     "(4xx), dead-lettered to llm.dlq with its reason", ["sink"],
+                                     registry=r).labels(sink=sink)
+        self.retries = Counter(f"{PREFIX}usage_export_retries", "Requests sent again after a 429, 5xx or no "
+                               "answer", ["sink"], registry=r).labels(sink=sink)
+        self.lag = Gauge(f"{PREFIX}usage_export_lag", "Records of llm.generations this exporter has not "
+                         "passed yet", ["sink"], registry=r).labels(sink=sink)
+        self.oldest_unexported = Gauge(f"{PREFIX}usage_export_oldest_unexported_seconds", "Age of the oldest "
+                                       "sealed bill the sink's ledger has no answer for (0: none)", ["sink"],
+                                       registry=r).labels(sink=sink)

@@ -155,3 +155,45 @@ def scratch_database_url(scratch_database):
 
     runner.upgrade(scratch_database)
     return scratch_database
+
+
+@pytest.fixture(scope="session")
+def stripe_mock():
+    """Stripe's own API mock (infra/scripts/stripe-mock.sh installs it into <home>/bin): its base URL.
+
+    It validates every request against Stripe's OpenAPI spec. It cannot be skipped: no binary, or one that
+    does not answer, fails the session's export tests with the reason."""
+    import socket
+    import subprocess
+
+    from plumbing.settings import REPO_ROOT
+    from tests.waiting import wait_until_sync
+
+    bin_dir = Settings().home / "bin"
+    installed = subprocess.run(["bash", str(REPO_ROOT / "infra/scripts/stripe-mock.sh"), str(bin_dir)],
+                               capture_output=True, text=True)
+    assert installed.returncode == 0, f"stripe-mock could not be installed: {installed.stderr.strip()}"
+    def free_port() -> int:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return probe.getsockname()[1]
+
+    port = free_port()
+    process = subprocess.Popen([str(bin_dir / "stripe-mock"), "-http-addr", f"127.0.0.1:{port}",
+                                "-https-addr", f"127.0.0.1:{free_port()}"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def answers() -> bool:
+        assert process.poll() is None, f"stripe-mock exited: {process.stderr.read().decode()[-500:]}"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    try:
+        wait_until_sync(answers, 30, "stripe-mock listening", step_s=0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(10)

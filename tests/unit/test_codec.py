@@ -13,7 +13,7 @@ EVERY_TYPE = [(topic.name, model.model_fields["type"].default) for topic in TOPI
 
 
 def test_registry_holds_every_declared_type_once():
-    assert len(TYPE_REGISTRY) == len(EVERY_TYPE) == 31
+    assert len(TYPE_REGISTRY) == len(EVERY_TYPE) == 32
 
 
 @pytest.mark.parametrize(("topic", "type_name"), EVERY_TYPE)

@@ -1,0 +1,1 @@
+"""Exactly-once export of sealed usage to billing systems (`ledgerlm export --sink S`)."""
