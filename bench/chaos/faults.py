@@ -8,7 +8,10 @@
     postgres   stop (fast) and start PostgreSQL on the same port
     projector  kill -9 a projector and start it again (it resumes from the offsets it stored)
     rebuild    drop the projections' database, create it, migrate, and project everything again from offset 0
-               (every projector stopped meanwhile)
+               (every projector stopped meanwhile); the exporter's ledger and offsets are kept, as an operator
+               rebuilding must: they record a billing system's answers, which no replay gives back
+    exporter   kill -9 the exporter while the sink holds the answer to its batch, start it again
+               (bench/chaos/export.py)
     usage      re-publish already counted usage reports (same event, and same report under a new event id)
                and late reports after the seal, for generations that already ended
 """
@@ -117,22 +120,38 @@ async def kill_role(plane: Plane, journal: FaultLog, name: str, down_s: float) -
 
 async def rebuild_projections(plane: Plane, journal: FaultLog) -> None:
     """Drop the database under running gateways; the projectors rebuild everything from offset 0."""
-    projectors = [role for role in plane.roles.values() if role.name == "projector"]
-    for projector in projectors:
-        projector.stop()
+    stopped = [role for role in plane.roles.values() if role.name in ("projector", "exporter")]
+    for role in stopped:
+        role.stop()
     began = time.monotonic()
-    await asyncio.to_thread(recreate_database, plane.database_url)
-    for projector in projectors:
-        projector.start()
-    journal.add("projections_dropped_and_rebuilt", began, recreate_s=round(time.monotonic() - began, 1))
+    kept = await asyncio.to_thread(recreate_database, plane.database_url)
+    for role in stopped:
+        role.start()
+    journal.add("projections_dropped_and_rebuilt", began, recreate_s=round(time.monotonic() - began, 1),
+                export_rows_kept=kept)
 
 
-def recreate_database(database_url: str) -> None:
+# Not projections: what billing systems answered (migration 0007), copied across the rebuild.
+KEPT_TABLES = ("export_ledger", "export_offsets")
+
+
+def recreate_database(database_url: str) -> int:
+    """Drop and create the database, migrate it, and put back the export tables; how many rows were kept."""
+    kept: dict[str, bytes] = {}
+    with psycopg.connect(database_url) as conn:
+        for table in KEPT_TABLES:
+            with conn.cursor().copy(f"COPY {table} TO STDOUT") as copy:
+                kept[table] = b"".join(bytes(chunk) for chunk in copy)
     base, name = database_url.rsplit("/", 1)
     with psycopg.connect(f"{base}/postgres", autocommit=True) as admin:
         admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
         admin.execute(f'CREATE DATABASE "{name}"')
     runner.upgrade(database_url)
+    with psycopg.connect(database_url) as conn:
+        for table, rows in kept.items():
+            with conn.cursor().copy(f"COPY {table} FROM STDIN") as copy:
+                copy.write(rows)
+    return sum(rows.count(b"\n") for rows in kept.values())
 
 
 async def inject_usage(plane: Plane, journal: FaultLog, generation_ids: set[str], limit: int = 5) -> int:

@@ -5,7 +5,8 @@
                   controllers share one consumer group (they split llm.commands), projectors another
 
 With replicas the run also kills -9 one gateway and one controller; a worker or projector kill hits the
-first of its kind, so its replica carries the load meanwhile.
+first of its kind, so its replica carries the load meanwhile. A run whose faults include `exporter_kill9`
+also runs one exporter (`ledgerlm export --sink openmeter`, to the run's receiver: bench/chaos/export.py).
 """
 from __future__ import annotations
 
@@ -14,14 +15,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.chaos import faults, load_faults
+from bench.chaos import export, faults, load_faults
 from bench.chaos.roles import Role
 from infra.ports import free_port
 
 SINGLE_FAULTS = ("worker_kill9", "broker_kill9", "postgres_restart", "projector_kill9",
-                 "projections_dropped_and_rebuilt", "usage_duplicates_and_late")
+                 "projections_dropped_and_rebuilt", "usage_duplicates_and_late", "exporter_kill9")
 REPLICA_FAULTS = ("gateway_kill9", "controller_kill9", "worker_kill9", "projector_kill9", "broker_kill9",
-                  "postgres_restart", "projections_dropped_and_rebuilt", "usage_duplicates_and_late")
+                  "postgres_restart", "projections_dropped_and_rebuilt", "usage_duplicates_and_late",
+                  "exporter_kill9")
 NEEDS_REPLICAS = {"gateway_kill9", "controller_kill9"}  # the only gateway or controller down is an outage
 # Faults that look like load (bench/chaos/load_faults.py): run when named in --faults, not by default.
 LOAD_FAULTS = load_faults.LOAD_FAULTS
@@ -50,7 +52,9 @@ def faults_for(instances: int, chosen: tuple[str, ...] | None) -> tuple[str, ...
     return chosen
 
 
-def build_fleet(instances: int, model: str, plane: str, env: dict[str, str], logs: Path) -> Fleet:
+def build_fleet(instances: int, model: str, plane: str, env: dict[str, str], logs: Path,
+                exporter_env: dict[str, str] | None = None) -> Fleet:
+    """`exporter_env` (with the sink's address): the run has an exporter too."""
     numbers = iter(range(1, 1000))
 
     def name(kind: str, i: int) -> str:
@@ -73,6 +77,9 @@ def build_fleet(instances: int, model: str, plane: str, env: dict[str, str], log
         ports.append(free_port(0))
         roles[name("gateway", i)] = Role("gateway", ["gateway", "--host", "127.0.0.1", "--port", str(ports[-1])],
                                          env, logs / f"{name('gateway', i)}.log")
+    if exporter_env is not None:
+        roles[export.EXPORTER] = Role("exporter", ["export", "--sink", export.SINK], exporter_env,
+                                      logs / "exporter.log")
     return Fleet(roles, ports, new_worker)
 
 
@@ -92,8 +99,9 @@ class LoadFaultTimes:
 
 def fault_steps(chosen: tuple[str, ...], fleet: Fleet, target: faults.Plane, journal: faults.FaultLog,
                 ended_generation_ids: Callable[[], set[str]], broker_down_s: float, role_down_s: float,
-                load: LoadFaultTimes = LoadFaultTimes()) -> list[Callable[[], Awaitable[object]]]:
-    """One coroutine factory per fault, in the order given."""
+                load: LoadFaultTimes = LoadFaultTimes(), receiver: export.MeterReceiver | None = None
+                ) -> list[Callable[[], Awaitable[object]]]:
+    """One coroutine factory per fault, in the order given (`exporter_kill9` needs the run's receiver)."""
     first = {kind: fleet.named(kind)[0] for kind in ("gateway", "controller", "worker", "projector")}
     steps = {
         "gateway_kill9": lambda: faults.kill_role(target, journal, first["gateway"], role_down_s),
@@ -109,5 +117,6 @@ def fault_steps(chosen: tuple[str, ...], fleet: Fleet, target: faults.Plane, jou
         "controller_freeze": lambda: load_faults.freeze_role(target, journal, first["controller"],
                                                              load.role_freeze_s),
         "broker_freeze": lambda: load_faults.freeze_broker(target, journal, load.role_freeze_s),
+        "exporter_kill9": lambda: export.kill_exporter(target, journal, receiver),
     }
     return [steps[fault] for fault in chosen]

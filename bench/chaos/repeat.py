@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 import time
 
+from bench.chaos.export import COUNTS as EXPORT_COUNTS
 from bench.chaos.run import ChaosConfig, run_chaos_bench
 
 # The counts that must all be 0 (every one of them in each run's report).
 ZERO_KEYS = ("stuck", "audit_differences", "overbilled", "duplicate_seqs", "missing_seqs", "unreleased_reservations",
-             "lost_events", "interrupted_alive")
+             "lost_events", "interrupted_alive", *EXPORT_COUNTS)
 log = logging.getLogger("ledgerlm.chaos")
 
 

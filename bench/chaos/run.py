@@ -7,8 +7,9 @@
              another gateway when its own is down; every request tallied (bench/chaos/gateways.py)
     faults:  one after another, `gap_s` apart, while the load runs (bench/chaos/faults.py)
     checks:  stuck, audit_differences, overbilled, duplicate_seqs, missing_seqs, unreleased_reservations,
-             lost_events (bench/chaos/checks.py); every violation behind a count, with its evidence and the
-             nearest fault, under `violations` (bench/chaos/violations.py)
+             lost_events (bench/chaos/checks.py); with `exporter_kill9`, export_missing, export_duplicates,
+             export_unknown, export_reconcile_differences (bench/chaos/export.py); every violation behind a
+             count, with its evidence and the nearest fault, under `violations` (bench/chaos/violations.py)
 
 The stack is fresh every run (its log is short, so the replay audit is quick)
 and stopped at the end, whatever happened.
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.chaos import checks, faults
+from bench.chaos import checks, export, faults
 from bench.chaos.clients import ClientResult, SteadyLoad
 from bench.chaos.fleet import Fleet, LoadFaultTimes, build_fleet, fault_steps, faults_for, wait_started
 from bench.chaos.gateways import Availability
@@ -108,7 +109,10 @@ async def _run(config: ChaosConfig, settings: Settings, services: LocalServices,
     env = {**os.environ, **ROLE_ENV, "LEDGERLM_KAFKA_BOOTSTRAP": bootstrap, "LEDGERLM_DATABASE_URL": database_url,
            "LEDGERLM_HOME": str(config.home), "LEDGERLM_CONTROLLER_GROUP": plane,
            "LEDGERLM_GATEWAY_GROUP": f"{plane}-gateways"}
-    fleet = build_fleet(config.instances, setup["model"], plane, env, config.home / "logs")
+    receiver = export.MeterReceiver().start() if "exporter_kill9" in faults_for(config.instances,
+                                                                                config.faults) else None
+    fleet = build_fleet(config.instances, setup["model"], plane, env, config.home / "logs",
+                        None if receiver is None else export.exporter_env(env, receiver, plane))
     roles.update(fleet.roles)
     from plumbing.kafka.groups import move_group_to_end
 
@@ -129,14 +133,16 @@ async def _run(config: ChaosConfig, settings: Settings, services: LocalServices,
         target = faults.Plane(services, bootstrap, database_url, roles, fleet.new_worker)
         tally = Availability()
         results, fault_log, probe = await load_under_faults(config, tenants, setup["model"], setup["prompts"],
-                                                            target, fleet, tally)
+                                                            target, fleet, tally, receiver)
         report = await measure(config, settings, bootstrap, database_url, plane, setup, results, probe,
-                                     fault_log)
+                               fault_log, receiver)
     finally:
         stop_supervising.set()
         await supervisor
         for http in (http for clients in tenants for http in clients):
             await http.aclose()
+        if receiver is not None:
+            receiver.stop()
     availability = tally.report(fault_log.faults, fault_log.began)
     # Generations the worker kill cut short end `interrupted`, as designed: counted apart, never as errors.
     killed = {fault["killed"] for fault in fault_log.faults if fault["fault"] == "worker_kill9"}
@@ -195,14 +201,15 @@ async def wait_admitting(http: httpx.AsyncClient, model: str, gateway: Role, tim
 
 
 async def load_under_faults(config: ChaosConfig, tenants: list[list[httpx.AsyncClient]], model: str,
-                            prompts: list[str], target: faults.Plane, fleet: Fleet, tally: Availability
+                            prompts: list[str], target: faults.Plane, fleet: Fleet, tally: Availability,
+                            receiver: export.MeterReceiver | None = None
                             ) -> tuple[list[ClientResult], faults.FaultLog, faults.Probe]:
     load = SteadyLoad(tenants, model, prompts, config.output_tokens, config.rate, config.client_deadline_s, tally)
     probe, probe_stop = faults.Probe(target.bootstrap), asyncio.Event()
     fault_log = faults.FaultLog()
     steps = fault_steps(faults_for(config.instances, config.faults), fleet, target, fault_log,
                         load.ended_generation_ids, config.broker_down_s, config.role_down_s,
-                        config.load_faults)
+                        config.load_faults, receiver)
     running = asyncio.create_task(load.run(config.min_generations))
     probing = asyncio.create_task(probe.run(probe_stop))
     try:
@@ -219,7 +226,8 @@ async def load_under_faults(config: ChaosConfig, tenants: list[list[httpx.AsyncC
 
 
 async def measure(config: ChaosConfig, settings: Settings, bootstrap: str, database_url: str, plane: str, setup: dict,
-                  results: list[ClientResult], probe: faults.Probe, fault_log: faults.FaultLog) -> dict:
+                  results: list[ClientResult], probe: faults.Probe, fault_log: faults.FaultLog,
+                  receiver: export.MeterReceiver | None = None) -> dict:
     from projections.audit import audit_replay
 
     log.info("load over generations=%d; checking", len(results))
@@ -231,6 +239,10 @@ async def measure(config: ChaosConfig, settings: Settings, bootstrap: str, datab
     lost = checks.find_lost(probe.acked, await checks.read_log(bootstrap, faults.PROBE_TOPIC), results, events)
     audit = await audit_replay(bootstrap, database_url, settings.model_copy(update={
         "kafka_bootstrap": bootstrap, "database_url": database_url}))
+    exported = None if receiver is None else await export.check_export(bootstrap, database_url, receiver,
+                                                                       config.settle_s)
+    export_found = {} if exported is None else {f"export_{kind}": found for kind, found in
+                                                exported["found"].items()}
     ours = {r.generation_id for r in results if r.generation_id}
     run_events = [e for e in events if e.generation_id in ours]
     violations = place({
@@ -238,6 +250,7 @@ async def measure(config: ChaosConfig, settings: Settings, bootstrap: str, datab
         "missing_seqs": checks.find_seq_faults(results, "missing"), "unreleased_reservations": unreleased,
         "lost_events": lost,
         "audit_differences": [{"table": name, **diff} for name, diff in audit.as_dict()["tables"].items()],
+        **export_found,
     }, results, fault_log.faults, fault_log.began)
     for kind, found in violations.items():
         for violation in found:
@@ -248,6 +261,8 @@ async def measure(config: ChaosConfig, settings: Settings, bootstrap: str, datab
         "duplicate_seqs": sum(r.duplicate_seqs for r in results),
         "missing_seqs": sum(r.missing_seqs for r in results),
         "unreleased_reservations": len(unreleased), "lost_events": len(lost),
+        **{key: len(export_found.get(key, ())) for key in export.COUNTS},
+        "export": None if exported is None else {k: v for k, v in exported.items() if k != "found"},
         "violations": {kind: found for kind, found in violations.items() if found},
         "generations": summarize_clients(results),
         "reports": {"usage_reports_on_log": sum(1 for e in run_events if e.type == "UsageReported"),

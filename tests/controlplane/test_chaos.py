@@ -10,7 +10,7 @@ from bench.chaos.run import ChaosConfig, run_chaos_bench
 from plumbing.settings import Settings
 
 FAULTS = ["worker_kill9", "broker_kill9", "postgres_restart", "projector_kill9", "projections_dropped_and_rebuilt",
-          "usage_duplicates_and_late"]
+          "usage_duplicates_and_late", "exporter_kill9"]
 
 
 async def test_every_fault_once_under_load_loses_repeats_and_overbills_nothing(model_dir):
@@ -24,7 +24,8 @@ async def test_every_fault_once_under_load_loses_repeats_and_overbills_nothing(m
     broker = report["fault_log"][1]
     assert broker["killed"] is True and broker["down_s"] == 4.0
     assert report["generations"]["admitted"] == report["generations"]["started"] >= 16  # every request admitted
-    assert report["reports"]["usage_reports_on_log"] > 0 and report["fault_log"][-1]["reports"] > 0
+    assert report["reports"]["usage_reports_on_log"] > 0 and report["fault_log"][-2]["reports"] > 0
+    assert report["export"]["caught_up"] and report["export"]["distinct_delivered"] == report["export"]["sealed"]
     assert report["probe"]["acked"] > 0
     topics = report["topics"]
     assert topics["replication_factor"] == 3 and topics["drift"] == 0
@@ -52,3 +53,23 @@ async def test_two_of_each_role_with_one_of_each_killed_once_loses_repeats_and_o
     assert availability["requests_by_kind"]["admission"] >= 12 and availability["requests_by_kind"]["status"] >= 12
     assert report["instances"] == 2 and report["availability_error_fraction"] == availability[
         "availability_error_fraction"]
+
+
+async def test_the_exporter_killed_mid_batch_and_the_projections_rebuilt_export_every_seal_once(model_dir):
+    """One broker, an exporter to the run's OpenMeter contract double: kill -9 it while the receiver holds the
+    answer to a batch it stored, start it again, then drop and rebuild the projections (the export ledger is
+    kept): every sealed attempt reaches the sink, none after its acknowledgement was recorded."""
+    config = ChaosConfig(home=Settings().home / "test-chaos-exporter", model_dir=model_dir, brokers=1,
+                         faults=("exporter_kill9", "projections_dropped_and_rebuilt"), rate=1.5, min_generations=12,
+                         output_tokens=16, gap_s=1.5, settle_s=60.0, client_deadline_s=150.0)
+    report = await run_chaos_bench(config)
+
+    assert {key: report[key] for key in ZERO_KEYS} == dict.fromkeys(ZERO_KEYS, 0), report["violations"]
+    kill, rebuild = report["fault_log"]
+    assert kill["fault"] == "exporter_kill9" and kill["mid_batch"] is True and kill["batch_in_flight"] > 0
+    assert rebuild["export_rows_kept"] > 0
+    exported = report["export"]
+    assert exported["caught_up"] and exported["sealed"] >= 12
+    assert exported["distinct_delivered"] == exported["acknowledged"] == exported["sealed"]
+    assert exported["redelivered"] >= 1  # the held batch went again, under the same ids
+    assert report["role_restarts"]["exporter"] == 0  # the kill restarted it, not the supervisor

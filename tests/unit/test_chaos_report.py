@@ -114,3 +114,55 @@ def test_the_stream_on_the_log_counts_each_seq_of_an_epoch_once():
 
     events = [tokens(1, 1, 2), tokens(1, 2, 3), tokens(1, 2, 3), tokens(2, 1, 4)]  # seq 2 written twice
     assert streamed_on_log(events) == {("g", 1): 5, ("g", 2): 4}
+
+
+def test_an_export_is_a_duplicate_only_when_sent_again_after_its_acknowledgement_was_recorded():
+    from bench.chaos.export import Delivery, count_exports
+
+    sealed = {"usage:g-1:1": "g-1", "usage:g-2:1": "g-2", "usage:g-3:0": "g-3", "usage:g-4:2": "g-4"}
+    acknowledged_at = {"usage:g-1:1": 10.0, "usage:g-2:1": 20.0, "usage:g-3:0": 11.0}
+    deliveries = [Delivery("usage:g-1:1", "g-1", 9.5),
+                  Delivery("usage:g-2:1", "g-2", 12.0),  # the batch in flight at the kill ...
+                  Delivery("usage:g-2:1", "g-2", 19.9),  # ... sent again before any answer was recorded
+                  Delivery("usage:g-3:0", "g-3", 10.9),
+                  Delivery("usage:g-3:0", "g-3", 30.0),  # a replay sent an acknowledged seal again
+                  Delivery("usage:g-9:1", "g-9", 31.0)]  # no such seal
+    found = count_exports(sealed, acknowledged_at, deliveries)
+    assert [(v["generation_id"], v["after_ack_s"]) for v in found["duplicates"]] == [("g-3", 19.0)]
+    assert [v["generation_id"] for v in found["redelivered"]] == ["g-2"]
+    assert [v["record_id"] for v in found["missing"]] == ["usage:g-4:2"]
+    assert [v["generation_id"] for v in found["unknown"]] == ["g-9"]
+    assert count_exports(sealed, {}, []) == {"missing": [{"generation_id": g, "record_id": r} for r, g in
+                                                         sorted(sealed.items())],
+                                             "duplicates": [], "unknown": [], "redelivered": []}
+
+
+def test_the_chaos_meter_receiver_keeps_openmeters_contract_and_holds_a_batch_when_told():
+    import threading
+
+    import httpx
+
+    from bench.chaos.export import MeterReceiver
+
+    event = {"specversion": "1.0", "id": "usage:g-1:1", "source": "ledgerlm", "type": "io.ledgerlm.usage.sealed",
+             "subject": "t", "data": {"generation_id": "g-1"}}
+    batch = {"Content-Type": "application/cloudevents-batch+json"}
+    receiver = MeterReceiver().start()
+    try:
+        with httpx.Client(base_url=receiver.url) as http:
+            assert http.post("/api/v1/events", json=[event], headers=batch).status_code == 204
+            assert http.post("/api/v1/events", json=[event]).status_code == 400  # not the batch content type
+            assert http.post("/api/v1/events", json=[{**event, "subject": ""}], headers=batch).status_code == 400
+            receiver.hold_next()
+            answered: list[int] = []
+            held = threading.Thread(target=lambda: answered.append(http.post(
+                "/api/v1/events", json=[{**event, "id": "usage:g-2:1"}], headers=batch).status_code))
+            held.start()
+            assert receiver.held.wait(10) and receiver.held_ids == ["usage:g-2:1"] and answered == []
+            receiver.release.set()
+            held.join(10)
+            assert answered == [204]
+        assert [d.record_id for d in receiver.deliveries] == ["usage:g-1:1", "usage:g-2:1"]
+        assert receiver.refused == 2 and not receiver._hold
+    finally:
+        receiver.stop()

@@ -14,8 +14,9 @@ from plumbing.settings import Settings
 
 
 def register_chaos(bench: argparse._SubParsersAction) -> None:
-    chaos = bench.add_parser("chaos", help="kill workers, a broker, the projector; restart PostgreSQL; rebuild the "
-                                           "projections; inject usage reports; then count what went wrong")
+    chaos = bench.add_parser("chaos", help="kill workers, a broker, the projector, the exporter; restart "
+                                           "PostgreSQL; rebuild the projections; inject usage reports; then "
+                                           "count what went wrong")
     chaos.add_argument("--json", required=True, type=Path, help="where to write the report")
     chaos.add_argument("--model-dir", type=Path, help="model directory (default: the demo model of `up`)")
     chaos.add_argument("--rate", type=float, default=2.0, help="streaming clients started per second")
