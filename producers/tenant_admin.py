@@ -1,16 +1,24 @@
-"""Creating a tenant is an event: publish TenantRegistered, then project it into Postgres."""
+"""Creating a tenant is an event: publish TenantRegistered, then project it into Postgres.
+
+Changing one is the same event again: `llm.tenants` is compacted by tenant id and each TenantRegistered is
+the tenant's whole state, so a change republishes the latest record from the log with the field changed
+(a partial event there would, once compacted, be all that is left of the tenant).
+"""
 from __future__ import annotations
 
 import re
+import uuid
 from dataclasses import dataclass
 
 import psycopg
 
-from plumbing.kafka.clients import Kafka, make_producer, publish
+from plumbing.kafka.clients import Kafka, make_consumer, make_producer, partitions_of, publish, read_to_end
 from plumbing.kafka.dead_letters import DeadLetterRouter
 from producers.api_keys import issue_api_key
 from projections.runtime import Projector
 from projections.tenants import TenantsProjection
+from schemas.codec import DecodeError, decode
+from schemas.envelope import utc_now
 from schemas.registry_events import TenantRegistered
 from schemas.topics import TENANTS
 from schemas.values import BillingIds, TenantLimits
@@ -23,6 +31,10 @@ class TenantExists(Exception):
 
 
 class InvalidTenantName(ValueError):
+    pass
+
+
+class UnknownTenant(LookupError):
     pass
 
 
@@ -67,3 +79,49 @@ async def project_tenants(kafka: Kafka, database_url: str) -> int:
     finally:
         projector.close()
         await producer.stop()
+
+
+async def latest_registration(kafka: Kafka, tenant_id: str) -> TenantRegistered | None:
+    """The tenant's latest TenantRegistered on `llm.tenants`, read to its end as of now (None: no such tenant)."""
+    consumer = make_consumer(kafka, client_id="ledgerlm-tenant-admin")
+    await consumer.start()
+    latest = None
+    try:
+        tps = await partitions_of(consumer, TENANTS)
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        async for _tp, records in read_to_end(consumer, tps):
+            for record in records:
+                if record.key is None or record.key.decode() != tenant_id:
+                    continue
+                try:
+                    event = decode(TENANTS, record.value)
+                except DecodeError:
+                    continue  # the projector dead-letters it; it registers nobody
+                if isinstance(event, TenantRegistered):
+                    latest = event
+    finally:
+        await consumer.stop()
+    return latest
+
+
+async def set_billing(kafka: Kafka, database_url: str, tenant_id: str, *, stripe_customer_id: str | None = None,
+                      lago_subscription_id: str | None = None) -> BillingIds:
+    """Republish the tenant's latest registration with the given billing ids (the others as they were), and
+    project it; its key and limits stay as the log has them. Returns the tenant's billing ids now."""
+    latest = await latest_registration(kafka, tenant_id)
+    if latest is None:
+        raise UnknownTenant(f"no tenant {tenant_id!r}")
+    changed = {"stripe_customer_id": stripe_customer_id, "lago_subscription_id": lago_subscription_id}
+    billing = BillingIds.model_validate({**latest.billing.model_dump(),
+                                         **{k: v for k, v in changed.items() if v is not None}})
+    event = TenantRegistered.model_validate({**latest.model_dump(), "event_id": uuid.uuid4(),
+                                             "occurred_at": utc_now(), "billing": billing})
+    producer = make_producer(kafka)
+    await producer.start()
+    try:
+        await publish(producer, TENANTS, event)
+    finally:
+        await producer.stop()
+    await project_tenants(kafka, database_url)
+    return billing

@@ -1,4 +1,5 @@
-"""`ledgerlm tenants create NAME [--weight W] [limits...] [--json]`: the API key is printed once."""
+"""`ledgerlm tenants create NAME [--weight W] [limits...] [--json]`: the API key is printed once.
+`ledgerlm tenants set-billing --tenant T [--stripe-customer C] [--lago-subscription S]`: its billing ids."""
 from __future__ import annotations
 
 import argparse
@@ -26,6 +27,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     create.add_argument("--json", action="store_true")
     create.add_argument("--no-kafka", action="store_true", help="no intake/results topics for the tenant")
     create.set_defaults(handler=run_create)
+    billing = tenants.add_parser("set-billing", help="set an existing tenant's billing ids (the ones not given "
+                                                     "stay); the exporters use them for seals exported from now")
+    billing.add_argument("--tenant", required=True)
+    billing.add_argument("--stripe-customer", metavar="CUS_ID", help="the Stripe customer its meter events name")
+    billing.add_argument("--lago-subscription", metavar="ID", help="the Lago subscription its usage is billed on")
+    billing.add_argument("--json", action="store_true")
+    billing.set_defaults(handler=run_set_billing)
     grant = tenants.add_parser("grant-kafka", help="create the tenant's intake and results topics "
                                                    "(llm.requests.<tenant>, llm.results.<tenant>) and, on a "
                                                    "broker with SASL and an authorizer, its principal and ACLs")
@@ -114,4 +122,29 @@ def run_create(args: argparse.Namespace) -> int:
         print(f"API key (shown once, store it now): {created.api_key}")
         if granted:
             print("\n".join(describe_grant(settings, granted)))
+    return 0
+
+
+def run_set_billing(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from producers.tenant_admin import UnknownTenant, set_billing
+
+    if args.stripe_customer is None and args.lago_subscription is None:
+        raise CliError("give --stripe-customer, --lago-subscription or both")
+    settings = Settings()
+    try:
+        billing = asyncio.run(set_billing(kafka_access(settings), database_url(settings), args.tenant,
+                                          stripe_customer_id=args.stripe_customer,
+                                          lago_subscription_id=args.lago_subscription))
+    except UnknownTenant as exc:
+        raise CliError(f"{exc} (create it with `ledgerlm tenants create`)") from None
+    except ValidationError as exc:
+        raise CliError("invalid billing ids: " + "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors())
+                       ) from None
+    ids = billing.model_dump(exclude_none=True)
+    if args.json:
+        print(json.dumps({"tenantId": args.tenant, "billing": ids}))
+    else:
+        print(f"tenant {args.tenant} billing: " + (", ".join(f"{k}={v}" for k, v in sorted(ids.items())) or "none"))
     return 0

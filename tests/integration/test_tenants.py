@@ -158,3 +158,55 @@ async def test_the_gateways_key_index_answers_as_the_projection_after_every_regi
                     assert (answer is not None) == (rows is not None), (step, key_hash)
     finally:
         await db.stop()
+
+
+async def test_set_billing_republishes_the_latest_registration_with_only_the_given_ids_changed(
+        bootstrap, database_url, topics):
+    from producers.tenant_admin import latest_registration, set_billing
+    from projections.export.records import read_billing_ids
+    from schemas.values import BillingIds
+
+    name = tenant_name()
+    created = await create_tenant(bootstrap, database_url, name, TenantLimits(weight=2.0, max_concurrency=3),
+                                  BillingIds(stripe_customer_id="cus_first"))
+    before = await latest_registration(bootstrap, name)
+    billing = await set_billing(bootstrap, database_url, name, lago_subscription_id="sub-7")
+    assert billing == BillingIds(stripe_customer_id="cus_first", lago_subscription_id="sub-7")
+    after = await latest_registration(bootstrap, name)
+    assert after.event_id != before.event_id and after.occurred_at > before.occurred_at
+    assert after.model_dump(exclude={"event_id", "occurred_at", "billing"}) == before.model_dump(
+        exclude={"event_id", "occurred_at", "billing"})
+    await set_billing(bootstrap, database_url, name, stripe_customer_id="cus_second")
+    with psycopg.connect(database_url) as conn:
+        assert read_billing_ids(conn, [name])[name] == BillingIds(stripe_customer_id="cus_second",
+                                                                  lago_subscription_id="sub-7")
+        assert authenticate(conn, created.api_key) == name  # the same key, not revoked by the new record
+        assert conn.execute("SELECT weight, max_concurrency FROM tenants WHERE tenant_id = %s",
+                            (name,)).fetchone() == (2.0, 3)
+
+
+def test_cli_set_billing_prints_the_ids_and_names_an_unknown_tenant(services, topics, database_url, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    def set_billing(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ledgerlm.cli.main", "tenants", "set-billing", *args],
+                              capture_output=True, text=True, timeout=120, env=admin_env(services, tmp_path))
+
+    name = tenant_name()
+    created = subprocess.run([sys.executable, "-m", "ledgerlm.cli.main", "tenants", "create", name, "--no-kafka"],
+                             capture_output=True, text=True, timeout=120, env=admin_env(services, tmp_path))
+    assert created.returncode == 0, created.stderr
+    done = set_billing("--tenant", name, "--stripe-customer", "cus_cli", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"tenantId": name, "billing": {"stripe_customer_id": "cus_cli"}}
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT billing FROM tenants WHERE tenant_id = %s", (name,)).fetchone()[0] == {
+            "stripe_customer_id": "cus_cli"}
+    unknown = set_billing("--tenant", f"{name}-nobody", "--lago-subscription", "sub-1")
+    assert unknown.returncode == 2 and f"no tenant '{name}-nobody'" in unknown.stderr
+    nothing = set_billing("--tenant", name)
+    assert nothing.returncode == 2 and "--stripe-customer" in nothing.stderr
+    empty = set_billing("--tenant", name, "--stripe-customer", "")
+    assert empty.returncode == 2 and "invalid billing ids" in empty.stderr
