@@ -235,6 +235,8 @@ class StackRunner:
     def env_of(self, kind: str, env: dict[str, str], kafka: "KafkaAccess") -> dict[str, str]:
         """The intake (and its results publisher) works on tenants' topics, which PLAINTEXT's ANONYMOUS may not
         touch once the broker has ACLs: it logs in to the SASL listener as the gateway principal."""
+        if kind == "export":  # a reader of llm.generations, like the projector: its principal
+            return role_env(env, kafka, "projector")
         if kind != "intake":
             return role_env(env, kafka, kind)
         if kafka.uses_sasl:

@@ -1,5 +1,5 @@
-"""Which role processes `ledgerlm up --gateways N --workers N --controllers N --projectors N` starts, and
-the ports each one opens.
+"""Which role processes `ledgerlm up --gateways N --workers N --controllers N --projectors N [--export S]`
+starts, and the ports each one opens.
 
     name            command                                     port (preferred; the next free one if taken)
     controller-i    ledgerlm controller                          metrics 9100+i-1  (/metrics /healthz /readyz)
@@ -8,12 +8,14 @@ the ports each one opens.
     gateway-i       ledgerlm gateway --port P                    HTTP gateway_port+i-1 (8080, 8081, ...; its
                                                                  /metrics on the same port)
     intake-i        ledgerlm intake --index i-1                  metrics 9400+i-1 (instance id intake-<host>-<i-1>)
+    export-S        ledgerlm export --sink S                     metrics 9500+i-1, the i-th `--export` (none unless
+                                                                 asked: a sink must be configured first)
 
 A role's metrics port set in the environment (LEDGERLM_CONTROLLER_METRICS_PORT, ...) replaces the base.
 Every instance of a kind joins the same consumer group: controllers split `llm.commands` partitions,
 projectors split the projected topics' partitions, workers register under distinct stable ids, and
 gateways are stateless (any of them serves any request); intakes split tenants' request topics in their
-group (0 of them with `--no-intake`).
+group (0 of them with `--no-intake`); each exporter is its sink's whole consumer group.
 """
 from __future__ import annotations
 
@@ -23,31 +25,38 @@ from dataclasses import dataclass, field
 
 from plumbing.settings import Settings
 
-KINDS = ("controller", "worker", "projector", "gateway", "intake")  # start order; `down` stops in reverse
-METRICS_BASE = {"controller": 9100, "worker": 9200, "projector": 9300, "intake": 9400}
+KINDS = ("controller", "worker", "projector", "gateway", "intake", "export")  # start order; `down` stops in reverse
+METRICS_BASE = {"controller": 9100, "worker": 9200, "projector": 9300, "intake": 9400, "export": 9500}
 MAX_INSTANCES = 16
-READY_LOG = {"controller": "controller owns partitions", "worker": "worker ready", "intake": "intake started"}
-OPTIONAL = {"intake"}  # a kind that may run 0 times
+READY_LOG = {"controller": "controller owns partitions", "worker": "worker ready", "intake": "intake started",
+             "export": "metrics listening"}
+OPTIONAL = {"intake", "export"}  # a kind that may run 0 times
+SINKS = ("kafka", "openmeter", "stripe", "lago")  # projections/export/sinks/factory.py
 
 
 @dataclass(frozen=True)
 class RoleCounts:
-    """How many processes of each role; every role but the intake runs at least once."""
+    """How many processes of each role; every role but the intake runs at least once. `exports`: the sinks
+    to run an exporter for, one each (none by default)."""
 
     gateways: int = 1
     workers: int = 1
     controllers: int = 1
     projectors: int = 1
     intakes: int = 1
+    exports: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        unknown = [sink for sink in self.exports if sink not in SINKS]
+        if unknown or len(set(self.exports)) < len(self.exports):
+            raise ValueError(f"--export takes each of {', '.join(SINKS)} at most once, not {list(self.exports)}")
         for kind in KINDS:
             n, least = self.of(kind), 0 if kind in OPTIONAL else 1
             if not least <= n <= MAX_INSTANCES:
                 raise ValueError(f"--{kind}s must be between {least} and {MAX_INSTANCES}, not {n}")
 
     def of(self, kind: str) -> int:
-        return getattr(self, f"{kind}s")
+        return len(self.exports) if kind == "export" else getattr(self, f"{kind}s")
 
 
 @dataclass(frozen=True)
@@ -103,7 +112,7 @@ def metrics_base(settings: Settings, kind: str) -> int:
 
 def plan_roles(settings: Settings, counts: RoleCounts, model: str, ports: PortPicker | None = None
                ) -> list[RoleProcess]:
-    """Every process, in start order (controllers, workers, projectors, gateways, intakes)."""
+    """Every process, in start order (controllers, workers, projectors, gateways, intakes, exporters)."""
     ports = ports or PortPicker()
     planned = []
     for kind in KINDS:
@@ -113,6 +122,11 @@ def plan_roles(settings: Settings, counts: RoleCounts, model: str, ports: PortPi
                 planned.append(RoleProcess(f"gateway-{i}", kind, ("gateway", "--port", str(port)), port))
                 continue
             port = ports.take(metrics_base(settings, kind) + i - 1)
+            if kind == "export":
+                sink = counts.exports[i - 1]
+                planned.append(RoleProcess(f"export-{sink}", kind, ("export", "--sink", sink), port,
+                                           {"LEDGERLM_EXPORT_METRICS_PORT": str(port)}))
+                continue
             args = {"controller": ("controller",), "projector": ("project",),
                     "intake": ("intake", "--index", str(i - 1)),
                     "worker": ("worker", "--model-version", model, "--worker-id", f"local-worker-{i}")}[kind]
@@ -122,11 +136,15 @@ def plan_roles(settings: Settings, counts: RoleCounts, model: str, ports: PortPi
 
 
 def kind_of(name: str) -> str:
-    """`gateway-2` -> `gateway` (a stack.json written before instances were numbered says `gateway`)."""
+    """`gateway-2` -> `gateway`, `export-kafka` -> `export` (a stack.json written before instances were
+    numbered says `gateway`)."""
+    if name.startswith("export-"):
+        return "export"
     return name.rsplit("-", 1)[0] if name.rsplit("-", 1)[-1].isdigit() else name
 
 
 def stop_order(names: list[str]) -> list[str]:
-    """Intakes and gateways first (no new requests), controllers last (they interrupt what lost workers ran)."""
+    """Exporters first (they only read), then intakes and gateways (no new requests), controllers last (they
+    interrupt what lost workers ran)."""
     rank = {kind: n for n, kind in enumerate(reversed(KINDS))}
     return sorted(names, key=lambda name: (rank.get(kind_of(name), -1), name))

@@ -1,5 +1,5 @@
 """`ledgerlm up [--model SPEC] [--gateways N] [--workers N] [--controllers N] [--projectors N] [--intakes N]
-[--no-intake] [--detach] [--json]` and `ledgerlm down [--json]`."""
+[--no-intake] [--export SINK ...] [--detach] [--json]` and `ledgerlm down [--json]`."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +9,7 @@ import sys
 import time
 
 from ledgerlm.cli.errors import CliError
+from ledgerlm.stack_roles import SINKS
 from plumbing.settings import Settings
 
 
@@ -28,6 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--intakes", type=int, default=1, metavar="N",
                     help="Kafka intakes with their results publishers (`ledgerlm intake --index i`); default 1")
     up.add_argument("--no-intake", action="store_true", help="no intake (the same as --intakes 0)")
+    up.add_argument("--export", action="append", default=[], metavar="SINK",
+                    choices=SINKS,
+                    help="also run `ledgerlm export --sink SINK` (repeatable, one exporter per sink; none by "
+                         "default; configure the sink first, docs/billing.md)")
     up.set_defaults(handler=run_up)
     down = subparsers.add_parser("down", help="stop what `ledgerlm up` started")
     down.add_argument("--json", action="store_true")
@@ -72,7 +77,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> bool:
 
     try:
         counts = RoleCounts(args.gateways, args.workers, args.controllers, args.projectors,
-                            0 if args.no_intake else args.intakes)
+                            0 if args.no_intake else args.intakes, tuple(args.export))
     except ValueError as exc:
         raise CliError(str(exc)) from None
     quiet = args.json

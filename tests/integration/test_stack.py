@@ -122,3 +122,33 @@ def test_down_signals_no_process_that_merely_reuses_a_recorded_pid(tmp_path):
     finally:
         if bystander.poll() is None:
             bystander.kill()
+
+
+def test_up_with_export_kafka_runs_an_exporter_that_exports_the_demo_generations_seal(up_env, tmp_path):
+    import psycopg
+
+    settings = Settings(home=Path(up_env["LEDGERLM_HOME"]))
+    log = tmp_path / "up.log"
+    env = {**up_env, "LEDGERLM_EXPORT_GROUP": f"up-export-{uuid.uuid4().hex[:8]}"}
+    up = start_up(env, log, "--no-intake", "--export", "kafka")
+    try:
+        wait_for(lambda: "serving; Ctrl-C stops the roles" in log.read_text(), 300, "the stack to serve", log)
+        stack = read_stack(settings)
+        assert set(stack.pids) == {"controller-1", "worker-1", "projector-1", "gateway-1", "export-kafka"}
+        assert not port_is_free(stack.ports["export-kafka"])  # its /metrics listens
+
+        def exported() -> list[tuple]:
+            with psycopg.connect(up_env["LEDGERLM_DATABASE_URL"]) as conn:
+                return conn.execute("SELECT e.outcome FROM export_ledger e JOIN billing_ledger b USING "
+                                    "(generation_id) WHERE e.sink = 'kafka' AND b.tenant_id = %s",
+                                    (stack.tenant_id,)).fetchall()
+
+        # The demo question `up` answered is sealed, and the exporter has put its seal on llm.usage-export.
+        assert wait_until_sync(exported, 120, step_s=0.3, what=lambda _: f"the demo seal exported:\n"
+                               f"{Path(stack.logs['export-kafka']).read_text()[-2000:]}") == [("acknowledged",)]
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=120) == 0
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert [role for role, pid in stack.pids.items() if alive(pid)] == []

@@ -57,3 +57,20 @@ def test_down_stops_gateways_first_and_controllers_last_and_reads_names_of_older
     assert stop_order(names) == ["intake-1", "gateway-1", "gateway-2", "projector-1", "worker-1", "worker-2",
                                  "controller-1", "controller-2"]
     assert [kind_of(name) for name in ("gateway", "gateway-12", "worker-3")] == ["gateway", "gateway", "worker"]
+
+
+def test_exporters_run_only_when_asked_one_per_sink_last_to_start_and_first_to_stop():
+    assert "export" not in {r.kind for r in plan_roles(Settings(), RoleCounts(), "m@1", make_picker())}
+    roles = plan_roles(Settings(), RoleCounts(exports=("kafka", "stripe")), "m@1", make_picker(taken={9500}))
+    exporters = [(r.name, r.args, r.port, r.env, r.ready_log) for r in roles if r.kind == "export"]
+    assert exporters == [
+        ("export-kafka", ("export", "--sink", "kafka"), 40000, {"LEDGERLM_EXPORT_METRICS_PORT": "40000"},
+         "metrics listening"),
+        ("export-stripe", ("export", "--sink", "stripe"), 9501, {"LEDGERLM_EXPORT_METRICS_PORT": "9501"},
+         "metrics listening")]
+    assert [r.kind for r in roles][-2:] == ["export", "export"]
+    assert kind_of("export-openmeter") == "export"
+    assert stop_order(["gateway-1", "export-kafka", "controller-1"]) == ["export-kafka", "gateway-1", "controller-1"]
+    for exports in (("kafka", "kafka"), ("ledger",)):
+        with pytest.raises(ValueError, match="--export takes each of kafka, openmeter, stripe, lago at most once"):
+            RoleCounts(exports=exports)
