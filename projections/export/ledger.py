@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import psycopg
 
@@ -66,9 +67,41 @@ def advance_position(conn: psycopg.Connection, sink: str, partition: int, expect
     advance(conn, sink, GENERATIONS, partition, expected, next_offset, EXPORTS)
 
 
-def oldest_unexported(conn: psycopg.Connection, sink: str):
-    """The seal time of the oldest bill the sink's ledger has no row for (None: every one is there)."""
-    return conn.execute(
-        "SELECT min(b.sealed_at) FROM billing_ledger b WHERE NOT EXISTS "
-        "(SELECT 1 FROM export_ledger e WHERE e.sink = %s AND e.generation_id = b.generation_id)",
-        (sink,)).fetchone()[0]
+UNEXPORTED = ("SELECT min(b.sealed_at) FILTER (WHERE NOT EXISTS (SELECT 1 FROM export_ledger e WHERE e.sink = %s "
+              "AND e.generation_id = b.generation_id)), max(b.sealed_at) FROM billing_ledger b")
+
+
+def oldest_unexported(conn: psycopg.Connection, sink: str, since: datetime | None = None
+                      ) -> tuple[datetime | None, datetime | None]:
+    """Among the bills sealed at or after `since` (None: every bill), the seal time of the oldest one the
+    sink's ledger has no row for and of the newest one; None where there is none."""
+    if since is None:
+        row = conn.execute(UNEXPORTED, (sink,)).fetchone()
+    else:  # billing_ledger_sealed_at (migration 0008): the rows since, not the ledger
+        row = conn.execute(UNEXPORTED + " WHERE b.sealed_at >= %s", (sink, since)).fetchone()
+    return row[0], row[1]
+
+
+@dataclass
+class UnexportedFloor:
+    """Where the next oldest-unexported measure starts, so that it reads the seals of the last while only.
+
+    Everything sealed before the oldest unexported seal found (or, when none was, before the newest seal)
+    was in the sink's ledger then, and a ledger row is never removed. A seal projected later may still carry
+    an earlier seal time (partitions are projected apart, a projector may lag): the measure starts `skew`
+    before the floor, and every `full_every`-th one reads the whole ledger again.
+    """
+
+    skew: timedelta = timedelta(minutes=5)
+    full_every: int = 60
+    floor: datetime | None = None
+    measured: int = 0
+
+    def since(self) -> datetime | None:
+        if self.floor is None or self.measured % self.full_every == 0:
+            return None
+        return self.floor - self.skew
+
+    def observe(self, oldest: datetime | None, newest: datetime | None) -> None:
+        self.measured += 1
+        self.floor = oldest or newest or self.floor

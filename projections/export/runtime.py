@@ -75,6 +75,7 @@ class Exporter:
         self.stored: dict[TopicPartition, int | None] = {}
         self.assignment: set[TopicPartition] = set()
         self.stats = ExporterStats()
+        self.unexported_floor = ledger.UnexportedFloor()
         self.metrics = metrics or ExporterMetrics(sink.name)
         self.producer = make_producer(kafka, client_id="ledgerlm-export-dlq")
 
@@ -225,7 +226,9 @@ class Exporter:
             return False
         ends = await consumer.end_offsets(assigned)
         lag = sum(max(0, ends[tp] - (self.stored.get(tp) or 0)) for tp in assigned)
-        oldest = await asyncio.to_thread(ledger.oldest_unexported, self.conn, self.sink.name)
+        oldest, newest = await asyncio.to_thread(ledger.oldest_unexported, self.conn, self.sink.name,
+                                                 self.unexported_floor.since())
+        self.unexported_floor.observe(oldest, newest)
         age = (datetime.now(UTC) - oldest).total_seconds() if oldest is not None else 0.0
         self.stats.lag = lag
         self.metrics.lag.set(lag)

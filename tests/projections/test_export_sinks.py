@@ -216,3 +216,26 @@ async def test_stripe_sink_sends_one_valid_meter_event_per_meter_to_stripe_mock(
                     "timestamp": str(int(sealed_at.timestamp()))}
             expected.append(("/v1/billing/meter_events", form, form["identifier"], 200))
     assert sorted(proxy.exchanges, key=lambda x: x[2]) == sorted(expected, key=lambda x: x[2])
+
+
+async def test_the_oldest_unexported_seal_is_read_since_a_floor_through_the_seal_time_index(
+        bootstrap, producer, project, export_db, conn):
+    from datetime import timedelta
+
+    from projections.export import ledger
+
+    _, ids = await seal_generations(producer, project, 6)
+    times = sorted(row[-1] for row in sealed(conn, ids).values())
+    assert ledger.oldest_unexported(conn, "kafka") == (times[0], times[-1])
+    assert ledger.oldest_unexported(conn, "kafka", times[2]) == (times[2], times[-1])
+    assert ledger.oldest_unexported(conn, "kafka", times[-1] + timedelta(milliseconds=1)) == (None, None)
+    conn.execute("SET enable_seqscan = off")  # a table this small is read whole whenever it may be
+    plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + ledger.UNEXPORTED + " WHERE b.sealed_at >= %s",
+                                                    ("kafka", times[0])).fetchall())
+    conn.execute("RESET enable_seqscan")
+    assert "billing_ledger_sealed_at" in plan, plan
+
+    await export_until_caught_up(exporter(bootstrap, export_db, KafkaSink(bootstrap, SOURCE, print)), conn, bootstrap)
+    assert ledger.oldest_unexported(conn, "kafka") == (None, times[-1])
+    assert ledger.oldest_unexported(conn, "kafka", times[3]) == (None, times[-1])
+    assert ledger.oldest_unexported(conn, "openmeter", times[3]) == (times[3], times[-1])  # a sink of its own

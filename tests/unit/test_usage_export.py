@@ -88,3 +88,21 @@ def test_a_refused_batch_is_halved_down_to_the_refused_events():
 
 def test_the_cli_offers_every_sink_the_factory_builds():
     assert SINK_NAMES == SINKS
+
+
+def test_the_unexported_floor_starts_each_measure_at_the_oldest_unexported_less_a_skew_and_rereads_all_at_times():
+    from datetime import timedelta
+
+    from projections.export.ledger import UnexportedFloor
+
+    t = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+    floor = UnexportedFloor(skew=timedelta(minutes=5), full_every=3)
+    assert floor.since() is None  # nothing measured yet: the whole ledger
+    floor.observe(None, None)  # an empty ledger
+    assert floor.since() is None
+    floor.observe(t, t + timedelta(hours=1))  # an unexported seal at t
+    assert floor.since() == t - timedelta(minutes=5)
+    floor.observe(None, t + timedelta(hours=2))  # all exported since: the newest seal is the floor
+    assert floor.since() is None  # the third measure reads everything again
+    floor.observe(None, None)  # nothing sealed in the range: the floor stays
+    assert floor.since() == t + timedelta(hours=2) - timedelta(minutes=5)
