@@ -117,8 +117,9 @@ class MeterReceiver:
                     receiver.deliveries += [Delivery(e["id"], str(e["data"].get("generation_id")), now)
                                             for e in events]
                     receiver.accepted.update((e["source"], e["id"]) for e in events)
-                    hold, receiver._hold = receiver._hold and bool(events), receiver._hold and not events
-                    if hold:
+                    hold = receiver._hold and bool(events)
+                    if hold:  # this batch only
+                        receiver._hold = False
                         receiver.held_ids = [e["id"] for e in events]
                         receiver.held.set()
                 if hold:
