@@ -94,23 +94,26 @@ async def run_chaos_bench(config: ChaosConfig) -> dict:
     startup_s = round(time.monotonic() - began, 1)
     log.info("chaos stack up brokers=%d seconds=%.1f", config.brokers, startup_s)
     roles: dict[str, Role] = {}
+    # The sink of the run's exporter, when its faults kill one (bench/chaos/export.py).
+    receiver = export.MeterReceiver().start() if "exporter_kill9" in faults_for(config.instances,
+                                                                                config.faults) else None
     try:
         return await _run(config, settings, services, endpoints.kafka_bootstrap, endpoints.database_url, roles,
-                          {"brokers": config.brokers, "startup_s": startup_s, "began": began})
+                          {"brokers": config.brokers, "startup_s": startup_s, "began": began}, receiver)
     finally:
         await asyncio.to_thread(stop_all, list(roles.values()))
         await asyncio.to_thread(services.down)
+        if receiver is not None:
+            receiver.stop()
 
 
 async def _run(config: ChaosConfig, settings: Settings, services: LocalServices, bootstrap: str, database_url: str,
-               roles: dict[str, Role], cluster: dict) -> dict:
+               roles: dict[str, Role], cluster: dict, receiver: export.MeterReceiver | None) -> dict:
     setup = await prepare(config, settings, bootstrap, database_url)
     plane = f"chaos-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, **ROLE_ENV, "LEDGERLM_KAFKA_BOOTSTRAP": bootstrap, "LEDGERLM_DATABASE_URL": database_url,
            "LEDGERLM_HOME": str(config.home), "LEDGERLM_CONTROLLER_GROUP": plane,
            "LEDGERLM_GATEWAY_GROUP": f"{plane}-gateways"}
-    receiver = export.MeterReceiver().start() if "exporter_kill9" in faults_for(config.instances,
-                                                                                config.faults) else None
     fleet = build_fleet(config.instances, setup["model"], plane, env, config.home / "logs",
                         None if receiver is None else export.exporter_env(env, receiver, plane))
     roles.update(fleet.roles)
@@ -141,8 +144,6 @@ async def _run(config: ChaosConfig, settings: Settings, services: LocalServices,
         await supervisor
         for http in (http for clients in tenants for http in clients):
             await http.aclose()
-        if receiver is not None:
-            receiver.stop()
     availability = tally.report(fault_log.faults, fault_log.began)
     # Generations the worker kill cut short end `interrupted`, as designed: counted apart, never as errors.
     killed = {fault["killed"] for fault in fault_log.faults if fault["fault"] == "worker_kill9"}
