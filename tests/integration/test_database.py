@@ -12,7 +12,7 @@ from projections.offsets import StaleOffset, advance, load_offsets
 TABLES = {"alembic_version", "api_keys", "attempts", "billing_ledger", "generations", "model_versions",
           "projection_offsets", "refused_events", "stream_events", "stream_progress", "tenant_usage_hourly", "tenants",
           "usage_reconciliation", "usage_reports", "usage_watermarks", "statement_items", "billing_period_marks",
-          "billing_periods", "statements", "statement_totals"}
+          "billing_periods", "statements", "statement_totals", "export_ledger", "export_offsets"}
 
 
 def tables(url: str) -> set[str]:
@@ -29,7 +29,7 @@ def test_upgrade_downgrade_upgrade(scratch_database):
     runner.upgrade(scratch_database)
     assert tables(scratch_database) == TABLES
     with psycopg.connect(scratch_database) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0006",)
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0007",)
 
 
 def test_bills_sealed_before_statements_existed_are_placed_in_the_period_of_their_seal(scratch_database):
