@@ -121,7 +121,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = min(seq.num_uncomputed_tokens, budget)
-            while not self.blocks.allocate(seq, n):
+            while self.blocks.allocate(seq, n) is None:
                 victim = self.running[-1]
                 budget += self._preempt(victim, scheduled, out)
                 if victim is seq:
@@ -154,7 +154,7 @@ class Scheduler:
                 reserve = total - num_hit_tokens
             else:
                 reserve = n
-            if not self.blocks.allocate(seq, reserve, hits):
+            if self.blocks.allocate(seq, reserve, hits) is None:
                 return  # head of line waits for blocks; no preemption to admit
             self.waiting[tenant].popleft()
             seq.num_computed_tokens += num_hit_tokens
