@@ -93,4 +93,5 @@ def make_running(scheduler, bm, rid: str, weight: float, arrival: int, batch: bo
     seq.status = SequenceStatus.RUNNING
     seq.started = True
     scheduler.running.append(seq)
+    scheduler.requests[rid] = seq
     return seq
