@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from engine.artifacts import ModelArtifacts, load_artifacts
+from engine.artifacts.model_dir import ModelArtifacts, load_artifacts
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer

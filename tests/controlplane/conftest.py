@@ -101,7 +101,7 @@ def cp_env(services, database_url, cp_kafka) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
-    from engine.demo_model import build_demo_model
+    from engine.artifacts.demo_model import build_demo_model
 
     # Untrained weights: deterministic, and they almost never sample the end token, so lengths are exact.
     return build_demo_model(tmp_path_factory.mktemp("cp-models") / "tiny", size="tiny", train_steps=0,
@@ -221,7 +221,7 @@ async def controller(bootstrap, cp_env, cp_settings, tenants, versions, tmp_path
 
 @pytest.fixture(scope="session")
 async def engine_artifacts(model_dir):
-    from engine.artifacts import load_artifacts
+    from engine.artifacts.model_dir import load_artifacts
 
     return await asyncio.to_thread(load_artifacts, model_dir)
 
