@@ -6,7 +6,10 @@
 
 Synchronous by design: `abort()` only marks a request, and the mark is
 applied at the start of the next `step()`, so blocks are never freed while a
-forward pass that reads them is in flight. A worker thread drives `step()`.
+forward pass that reads them is in flight. A worker thread drives `step()`,
+and every call but two comes from that thread: `reserve()` and `release()`
+touch only the reservation ledger (engine.reservations), behind its own lock,
+so a caller admits work by the engine's own count from any thread.
 
 A step that fails ends only the requests involved, `failed` with their output
 so far: a row that cannot be sampled (non-finite logits) fails its own request;
@@ -34,6 +37,7 @@ from engine.llama import LlamaModel, LlamaWeights
 from engine.model_runner import ModelRunner
 from engine.prefix_hash import compatibility_key, extend_block_hashes
 from engine.request import EngineRequest, EngineStats, FinishReason, RequestOutput, TokenLogprob
+from engine.reservations import KVReservations, Reservation
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
 from engine.step_values import SchedulerOutput, SequenceUpdate
@@ -93,6 +97,9 @@ class Engine:
         self.blocks = BlockManager(self.kv_spec.num_blocks, self.config.block_size, self.config.enable_prefix_cache)
         self.compat_key = compatibility_key(self.artifacts.checksums, str(self.dtype), self.config.block_size)
         self.scheduler = Scheduler(self.config, self.blocks, self.max_model_len, self.compat_key)
+        watermark = self.config.free_block_watermark if self.config.reservation == "optimistic" else 0.0
+        self.room = KVReservations(self.kv_spec.num_blocks, self.config.block_size,
+                                   int(self.kv_spec.num_blocks * watermark))
         self.eos_token_ids = self._eos_ids()
         self.grammars = GrammarCompiler(self.tokenizer, dims.vocab_size, self.eos_token_ids)
 
@@ -158,8 +165,23 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self._seqs)
 
+    def reserve(self, request_id: str, num_tokens: int) -> Reservation | None:
+        """Room for `num_tokens` promised to `request_id`, or None when it is not free now (engine.reservations).
+        Safe from any thread."""
+        return self.room.reserve(request_id, num_tokens)
+
+    def release(self, request_id: str) -> None:
+        """Give back the room promised to `request_id`. Safe from any thread."""
+        self.room.release(request_id)
+
     def step(self) -> list[RequestOutput]:
         """Apply cancellations, schedule, run one forward, and report what changed."""
+        try:
+            return self._step()
+        finally:  # a step boundary, however the step went: what reservations are measured against
+            self.room.note_used(self.blocks.num_used)
+
+    def _step(self) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
         for request_id in self._pending_aborts:
             seq = self._seqs.get(request_id)

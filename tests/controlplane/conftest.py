@@ -251,10 +251,11 @@ async def start_worker(bootstrap, cp_kafka, cp_settings, versions, engine_artifa
         if name not in registered:
             registered.update(await registered_versions(bootstrap))
         model = registered[name]
-        config = EngineConfig(kv_cache_bytes=blocks * BLOCK * 512, block_size=BLOCK, reservation=reservation,
-                              dtype="float32", device="cpu", tenant_weights={}, expected_checksums=model.checksums)
-        engine = Engine(model_dir, config, artifacts=engine_artifacts)
         settings = cp_settings.model_copy(update=overrides)
+        config = EngineConfig(kv_cache_bytes=blocks * BLOCK * 512, block_size=BLOCK, reservation=reservation,
+                              free_block_watermark=settings.worker_free_block_watermark, dtype="float32",
+                              device="cpu", tenant_weights={}, expected_checksums=model.checksums)
+        engine = Engine(model_dir, config, artifacts=engine_artifacts)
         worker = Worker(settings, cp_kafka("worker"), model, engine, worker_id or f"cp-worker-{uuid.uuid4().hex[:6]}")
         task = asyncio.create_task(worker.run())
         await asyncio.wait_for(worker.ready.wait(), 30)
