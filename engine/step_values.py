@@ -2,7 +2,9 @@
 
     Scheduler.schedule() ─▶ SchedulerOutput ─▶ ModelRunner.run() ─▶ StepResult
                                    │                                     │
-                                   └──▶ Scheduler.update_from_output() ◀─┘ ─▶ SequenceUpdate per sampled row
+                                   └──▶ Scheduler.update_from_output() ◀─┘
+                                                     │
+                                                     └─▶ a SequenceUpdate per sampled row
 
 A snapshot cannot change under its reader: what the model runner is told to compute is what the scheduler
 planned, however the sequences move afterwards, and only `update_from_output` moves them.
