@@ -33,7 +33,7 @@ def workload(num_requests: int) -> list[str]:
     """Deterministic prompts of 8..64 corpus-like words."""
     import random
 
-    from engine.demo_model import _WORDS
+    from engine.artifacts.demo_model import _WORDS
 
     rng = random.Random(0)
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randrange(8, 65))) for _ in range(num_requests)]
@@ -82,7 +82,7 @@ async def run_admission_bench(model_dir: Path, rate: float, seconds: float, num_
 
     from bench.common import free_port
     from plumbing.kafka.groups import move_group_to_end
-    from engine.artifacts import load_artifacts
+    from engine.artifacts.model_dir import load_artifacts
     from bench.common import local_endpoints
     from producers.model_registry import describe, register_model
     from producers.tenant_admin import create_tenant

@@ -86,25 +86,27 @@ class BlockManager:
         seq.num_committed_blocks = max(seq.num_committed_blocks, num_full)
 
     # -- allocation ---------------------------------------------------------
-    def allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] | None = None) -> bool:
-        """Make `seq.block_table` cover its computed tokens, `cached_blocks` and
-        `num_new_tokens` more. Returns False (and changes nothing) when the pool
-        cannot supply the blocks; the scheduler decides what to do then.
+    def allocate(self, seq: Sequence, num_new_tokens: int,
+                 cached_blocks: list[int] | None = None) -> list[int] | None:
+        """Make `seq.block_table` cover its computed tokens, `cached_blocks` and `num_new_tokens` more.
+
+        Returns the blocks appended to the table (the cached hits first, then fresh ones; empty when it already
+        covered them), or None, changing nothing, when the pool cannot supply them: the scheduler decides what
+        to do then. An empty list is a success, so callers test `is None`, never truthiness.
         """
         cached_blocks = cached_blocks or []
         assert not cached_blocks or not seq.block_table, "prefix hits only for a fresh block table"
         covered = seq.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
-        num_new_blocks = self.blocks_needed(covered) - len(seq.block_table) - len(cached_blocks)
+        num_new_blocks = max(self.blocks_needed(covered) - len(seq.block_table) - len(cached_blocks), 0)
         # Hits sitting in cached_free stop being available once we reference them.
         num_hits_idle = sum(1 for b in cached_blocks if self.ref_counts[b] == 0)
-        if max(num_new_blocks, 0) > self.num_available - num_hits_idle:
-            return False
+        if num_new_blocks > self.num_available - num_hits_idle:
+            return None
         for b in cached_blocks:
             self._take(b)
-            seq.block_table.append(b)
-        for _ in range(max(num_new_blocks, 0)):
-            seq.block_table.append(self._pop_free())
-        return True
+        added = [*cached_blocks, *(self._pop_free() for _ in range(num_new_blocks))]
+        seq.block_table.extend(added)
+        return added
 
     def free_sequence(self, seq: Sequence) -> None:
         """Drop every reference `seq` holds. Tail blocks are released first so

@@ -22,6 +22,8 @@ class EngineConfig:
     * `reservation="optimistic"` allocates blocks as tokens arrive and preempts
       by recompute when the pool runs dry; `"full"` reserves prompt + max
       output tokens at admission and never preempts.
+    * `free_block_watermark`: under optimistic reservation, the share of the pool
+      `Engine.reserve` keeps free for sequences growing past their promise.
     * `tenant_weights` weights the fair queue by tokens served (default 1.0).
     * `device`/`dtype` "auto": CUDA + bfloat16 when available, else CPU float32.
     * `expected_checksums`: the registered model version's file checksums; the
@@ -37,6 +39,7 @@ class EngineConfig:
     max_model_len: int | None = None
     reservation: Reservation = "optimistic"
     enable_prefix_cache: bool = True
+    free_block_watermark: float = 0.0
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
     device: str = "auto"
     dtype: DType = "auto"
@@ -50,6 +53,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
         if self.reservation not in ("optimistic", "full"):
             raise ValueError(f"unknown reservation policy {self.reservation!r}")
+        if not 0 <= self.free_block_watermark < 1:
+            raise ValueError("free_block_watermark must be in [0, 1)")
         if any(w <= 0 for w in self.tenant_weights.values()):
             raise ValueError("tenant weights must be positive")
 

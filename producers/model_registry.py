@@ -57,7 +57,7 @@ def chat_template_of(model_dir: Path) -> str:
 
 def describe(model_dir: str | Path, name: str, dtype: str = "float32", block_size: int = 16) -> ModelVersionRegistered:
     """The registration record of a verified model directory (raises engine ArtifactError when it is not)."""
-    from engine.artifacts import verify_files
+    from engine.artifacts.model_dir import verify_files
 
     root = Path(model_dir).resolve()
     checksums = verify_files(root)

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from plumbing.kafka.clients import Kafka
-from engine.golden import GOLDEN_FILE, GoldenReport, load_golden, run_golden  # light: no torch here
+from engine.artifacts.golden import GOLDEN_FILE, GoldenReport, load_golden, run_golden  # light: no torch here
 from plumbing.settings import Settings
 from producers.model_registry import publish_model_record, read_model_book
 from schemas.model_book import ModelBook

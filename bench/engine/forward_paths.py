@@ -50,7 +50,7 @@ def measure(model_dir: str, batch_sizes=(1, 8, 32, 64), context: int = 256, reps
             engine.add_request(EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=200, ignore_eos=True)))
         engine.step()  # prefill everything; from here on every step is a pure decode step
         sched = engine.scheduler.schedule(engine.clock())
-        batch, _ = engine.runner.prepare(sched)
+        batch, _, _ = engine.runner.prepare(sched, engine.scheduler.requests)
         ids, pos = batch.input_ids[None], batch.positions[None]
 
         def ours():

@@ -193,7 +193,7 @@ def run_hf_continuous(model_dir: Path, workload: list[BenchRequest], max_batch_t
 def ensure_model(model_dir: Path) -> Path:
     if (model_dir / "manifest.json").is_file():
         return model_dir
-    from engine.demo_model import build_demo_model
+    from engine.artifacts.demo_model import build_demo_model
 
     log(f"building the small demo model into {model_dir} (once)")
     return build_demo_model(model_dir, size="small", progress=sys.stderr.isatty(), log=log)

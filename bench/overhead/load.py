@@ -49,7 +49,7 @@ class PromptMaker:
     def __init__(self, model_dir: Path, seed: int = 7) -> None:
         from transformers import AutoTokenizer
 
-        from engine.demo_model import generate_corpus
+        from engine.artifacts.demo_model import generate_corpus
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.ids = self.tokenizer("\n".join(generate_corpus(200_000, seed=seed)))["input_ids"]

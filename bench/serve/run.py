@@ -78,7 +78,7 @@ def sweep_load(rate: float) -> list[TenantLoad]:
 def prompt_source(model_dir: Path) -> PromptSource:
     from transformers import AutoTokenizer
 
-    from engine.demo_model import generate_corpus
+    from engine.artifacts.demo_model import generate_corpus
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     ids = tokenizer("\n".join(generate_corpus(120_000, seed=7)))["input_ids"]

@@ -1,7 +1,21 @@
-"""One attempt on this worker: its reservation, stream position and usage watermark cadence."""
+"""One attempt on this worker: its state, its room in the KV pool, stream position and usage watermark cadence.
+
+An attempt exists once the engine has given it room (before that its order waits in waiting.py) and moves
+one way through its states; a move not listed here is a bug, refused with `IllegalMove`:
+
+    RUNNING   ─▶ FINISHING  every choice ended: its end is written next
+              ─▶ FENCED     given up: a record undelivered, past its run time, the lease lost, ended by the
+                            controller; the controller ends it Interrupted, nothing more is published for it
+              ─▶ ENDED      refused by the engine
+    FINISHING ─▶ ENDED      its end written (or, when it could not be, named in the heartbeats' `fenced`)
+              ─▶ FENCED     the lease lost, or ended by the controller, while its end is written
+    FENCED    ─▶ ENDED      the engine is done with every choice, or the writing of its end returned
+
+ENDED: it left the worker and its room went back to the engine.
+"""
 from __future__ import annotations
 
-import math
+import enum
 import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -10,6 +24,7 @@ from consumers.worker.reports import StreamDeliveries
 from engine.request import EngineRequest, FinishReason, RequestOutput, StructuredOutput
 from engine.request import SamplingParams as EngineSampling
 from engine.request import TokenLogprob as EngineLogprob
+from engine.reservations import Reservation
 from schemas.codec import encode
 from schemas.commands import AttemptRefused
 from schemas.dispatch import StartAttempt
@@ -96,10 +111,6 @@ def prompt_logprob_chunks(entries: list[TokenLogprob], top: int) -> list[tuple[T
     return [tuple(entries[i : i + size]) for i in range(0, len(entries), size)]
 
 
-def blocks_for(tokens: int, block_size: int) -> int:
-    return math.ceil(tokens / block_size)
-
-
 def monotonic_of(instant: datetime) -> float:
     """A wall-clock instant (an event's occurred_at) on this process's monotonic clock, never in the future."""
     now = time.monotonic()
@@ -133,17 +144,35 @@ class Choice:
         return bool(self.pending_ids or any(self.pending_text) or self.pending_end)
 
 
+class AttemptState(enum.Enum):
+    RUNNING = "running"  # its choices in the engine, its events going out
+    FINISHING = "finishing"  # every choice ended: its end is being written
+    FENCED = "fenced"  # given up: the controller ends it, nothing more is published for it
+    ENDED = "ended"  # left the worker, its room given back
+
+
+_MOVES = {
+    AttemptState.RUNNING: {AttemptState.FINISHING, AttemptState.FENCED, AttemptState.ENDED},
+    AttemptState.FINISHING: {AttemptState.FENCED, AttemptState.ENDED},
+    AttemptState.FENCED: {AttemptState.ENDED},
+    AttemptState.ENDED: set(),
+}
+
+
+class IllegalMove(RuntimeError):
+    """An attempt asked to move where its state machine has no arrow: a bug in the worker, not in the input."""
+
+
 @dataclass
 class Attempt:
     start: StartAttempt
-    reserved_blocks: int
+    reservation: Reservation
+    state: AttemptState = AttemptState.RUNNING
     seq: int = 0
     report_seq: int = 0
     reported_output: int = 0
     reported_at: float = field(default_factory=time.monotonic)
     usage: Usage = Usage()
-    fenced: bool = False  # declared lost (lease) or self-fenced: publish nothing more for it
-    finishing: bool = False
     # Choices 1.. wait here until choice 0 has run the prompt: then they find its blocks in the prefix cache.
     unstarted: list[EngineRequest] = field(default_factory=list)
     # Produced but not yet in a stream event (coalesced for `stream_flush_ms`): per choice, and prompt scores.
@@ -178,12 +207,45 @@ class Attempt:
         return {"tenant_id": self.start.tenant_id, "generation_id": self.start.generation_id,
                 "epoch": self.start.epoch}
 
+    # -- state --------------------------------------------------------------------------------
+    @property
+    def fenced(self) -> bool:
+        return self.state is AttemptState.FENCED
+
+    @property
+    def finishing(self) -> bool:
+        return self.state is AttemptState.FINISHING
+
+    def begin_finishing(self) -> None:
+        """Every choice ended in the engine: the end is written next."""
+        if not self.choices_ended:
+            raise IllegalMove(f"attempt {self.request_id} cannot finish while a choice runs")
+        self._move(AttemptState.FINISHING)
+
+    def fence(self) -> None:
+        """Given up: publish nothing more for it (a running or finishing attempt; the controller ends it)."""
+        self._move(AttemptState.FENCED)
+
+    def end(self) -> None:
+        """It left the worker (its room is given back by whoever removes it)."""
+        self._move(AttemptState.ENDED)
+
+    def _move(self, state: AttemptState) -> None:
+        if state not in _MOVES[self.state]:
+            raise IllegalMove(f"attempt {self.request_id} cannot go from {self.state.value} to {state.value}")
+        self.state = state
+
+    @property
+    def reserved_blocks(self) -> int:
+        return self.reservation.num_blocks
+
     @property
     def started_output(self) -> bool:
         return self.usage.generated_output_tokens > 0
 
     @property
-    def ended(self) -> bool:
+    def choices_ended(self) -> bool:
+        """Every choice has ended in the engine (or was ended before it reached it)."""
         return all(c.ended is not None for c in self.choices)
 
     def end_reason(self) -> FinishReason:

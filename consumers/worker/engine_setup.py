@@ -15,7 +15,9 @@ def engine_config(settings: Settings, checksums=None, weights: dict[str, float] 
     from engine.kv_sizing import MemoryPolicy
 
     return EngineConfig(kv_cache_bytes=settings.worker_kv_pool_bytes,
-                        reservation=settings.worker_reservation, max_num_seqs=settings.worker_max_num_seqs,
+                        reservation=settings.worker_reservation,
+                        free_block_watermark=settings.worker_free_block_watermark,
+                        max_num_seqs=settings.worker_max_num_seqs,
                         max_model_len=settings.worker_max_model_len, device=settings.worker_device,
                         tenant_weights=weights if weights is not None else {}, expected_checksums=checksums,
                         memory=MemoryPolicy(gpu_fraction=settings.worker_memory_fraction,

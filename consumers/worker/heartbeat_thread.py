@@ -11,8 +11,10 @@ starved loop delays what a heartbeat says, not the heartbeat. A description stay
 on the worker's loop: the attempts it lists are those its `dispatch_read_through` has read), only older; the
 controller judges its listing and its dispatches as of that read-through time, not of the sending.
 
-A loop that has not described the worker for GIVE_UP_LEASES leases is taken for wedged: no heartbeat goes out,
-so the lease runs out as for a dead worker.
+A loop that has not described the worker for WEDGED_AFTER_S (or GIVE_UP_LEASES leases, if longer) is taken for
+wedged: no heartbeat goes out, so the lease runs out as for a dead worker. Until then the controller sends it at
+most its bound of attempts (it counts dispatches the stale description has not seen), and the attempts it holds
+are interrupted once it is taken for wedged.
 """
 from __future__ import annotations
 
@@ -34,6 +36,10 @@ from schemas.topics import WORKERS
 
 log = logging.getLogger(__name__)
 
+# A stall this long is a wedged loop, not a slow one: in-process test workers share their loop with the tests'
+# blocking fixtures (migrations of a scratch database) for several seconds, a starved worker for a few.
+WEDGED_AFTER_S = 60.0
+
 
 class Described(Leaseholder, Protocol):
     """A leaseholder that can describe itself in a heartbeat (on its own loop) and reach the broker."""
@@ -44,7 +50,7 @@ class Described(Leaseholder, Protocol):
 
 
 class StaleDescription(RuntimeError):
-    """The worker's loop has not described the worker for GIVE_UP_LEASES leases: no heartbeat is sent."""
+    """The worker's loop has not described the worker for a long while (wedged): no heartbeat is sent."""
 
 
 class HeartbeatThread:
@@ -54,7 +60,7 @@ class HeartbeatThread:
         self.worker_loop = asyncio.get_running_loop()
         interval = worker.settings.heartbeat_interval_ms / 1000
         self.wait_s = interval / 2
-        self.stale_after_s = GIVE_UP_LEASES * worker.settings.lease_ms / 1000
+        self.stale_after_s = max(WEDGED_AFTER_S, GIVE_UP_LEASES * worker.settings.lease_ms / 1000)
         self.described_at = time.monotonic()
         self.description = worker.heartbeat()
         self._asked: concurrent.futures.Future | None = None  # a description asked of the worker's loop
@@ -75,8 +81,11 @@ class HeartbeatThread:
         """No heartbeat after this returns (unless the thread did not end within `timeout_s`)."""
         self._stopping.set()
         loop, task = self._loop, self._task
-        if loop is not None and task is not None:
-            loop.call_soon_threadsafe(task.cancel)
+        if loop is not None and task is not None and not self._ended.done():
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # its loop closed meanwhile: the thread has ended
+                pass
         await asyncio.wait([asyncio.wrap_future(self._ended)], timeout=timeout_s)
 
     async def send(self) -> asyncio.Future:

@@ -1,6 +1,6 @@
 """The worker's dispatch orders, read from its partition of `llm.dispatch`:
 
-    StartAttempt ─▶ reserve KV and run ─▶ AttemptStarted
+    StartAttempt ─▶ room from the engine (engine.reserve) and run ─▶ AttemptStarted
                  ─▶ or wait here for room (interactive ahead of batch) until its deadline, then `expired`, unbilled
                  ─▶ or refuse (AttemptRefused on `llm.commands`)
     CancelAttempt(epoch) ─▶ abort at the next step boundary;  DrainWorker ─▶ accept nothing new
@@ -21,8 +21,10 @@ from aiokafka import ConsumerRecord
 from consumers.worker.attempts import (
     FINISHES, Attempt, attempt_id_of, choice_of, engine_requests, monotonic_of, refusal,
 )
+from consumers.worker.capacity import attempt_id
 from consumers.worker.sends import acked
 from engine.request import FinishReason
+from engine.reservations import Reservation
 from schemas.codec import DecodeError, decode
 from schemas.commands import ReleaseReservation
 from schemas.dispatch import CancelAttempt, DrainWorker, StartAttempt
@@ -35,7 +37,8 @@ log = logging.getLogger(__name__)
 
 class DispatchOrders:
     """Part of `Worker` (runtime.py), on its state: the `consumer` of its dispatch partition, `attempts`,
-    the `waiting` queue, `draining`, `stale_commands` and `self_fenced`."""
+    the `waiting` queue, `draining`, `stale_commands` and `self_fenced`; room comes from its KV accounting
+    (capacity.py), which asks the engine."""
 
     async def on_dispatch(self, event) -> None:
         if getattr(event, "worker_id", None) != self.worker_id:
@@ -49,24 +52,29 @@ class DispatchOrders:
             self.draining = True
             await acked(self.send, WORKERS, self.heartbeat())
 
-    async def on_start(self, order: StartAttempt, accepted: bool = False) -> None:
-        """Reserve and run, queue (batch tier), or refuse. `accepted`: already queued here, a drain keeps it."""
-        request_id = f"{order.generation_id}#{order.epoch}"
-        if request_id in self.attempts:
-            return  # a redelivered order for an attempt already running here
-        need = self.blocks_needed(order)
-        if self.waiting.find(order.generation_id, order.epoch) is not None:
-            return
+    async def on_start(self, order: StartAttempt, reservation: Reservation | None = None) -> None:
+        """Reserve room and run, queue for room, or refuse. `reservation`: the room the engine gave an order queued
+        here when it reached the head of the queue (a drain keeps such an order)."""
+        request_id = attempt_id(order)
+        if request_id in self.attempts or (reservation is None and self.waiting.find(order.generation_id,
+                                                                                     order.epoch) is not None):
+            return  # a redelivered order for an attempt already running or queued here
         if order.deadline_at <= datetime.now(UTC):
+            if reservation is not None:
+                self.engine.release(request_id)
             await self.end_unstarted(order, "expired")  # arrived (or was queued) past the time it had to start
             return
-        reason = "draining" if self.draining and not accepted else ("kv-full" if need > self.free_blocks else None)
-        if reason == "kv-full" and need <= self.total_blocks - self.watermark_blocks:
-            # Routed here on the controller's predicted wait: it starts when running work frees room.
-            self.waiting.add(order)
-            log.info("attempt queued generation=%s epoch=%d tier=%s need_blocks=%d free_blocks=%d waiting=%d",
-                     order.generation_id, order.epoch, order.tier, need, self.free_blocks, len(self.waiting))
-            return
+        reason = "draining" if self.draining and reservation is None else None
+        if reason is None and reservation is None:
+            reservation = self.reserve(order)
+            if reservation is None and self.could_ever_fit(order):
+                # Routed here on the controller's predicted wait: it starts when running work frees room.
+                self.waiting.add(order)
+                log.info("attempt queued generation=%s epoch=%d tier=%s need_blocks=%d free_blocks=%d waiting=%d",
+                         order.generation_id, order.epoch, order.tier, self.blocks_needed(order), self.free_blocks,
+                         len(self.waiting))
+                return
+            reason = "kv-full" if reservation is None else None
         requests = []
         if reason is None:
             remaining_s = (order.deadline_at - datetime.now(UTC)).total_seconds()
@@ -75,30 +83,35 @@ class DispatchOrders:
             except ValueError:  # values the gateway refuses, arriving through Kafka anyway
                 reason = "invalid-sampling"
         if reason is not None:
+            if reservation is not None:
+                self.engine.release(request_id)
             self.metrics.refused.labels(reason=reason).inc()
             log.info("attempt refused generation=%s epoch=%d reason=%s need_blocks=%d free_blocks=%d",
-                     order.generation_id, order.epoch, reason, need, self.free_blocks)
+                     order.generation_id, order.epoch, reason, self.blocks_needed(order), self.free_blocks)
             await self.refuse(order, reason)
             return
-        attempt = Attempt(order, need, admitted_at=monotonic_of(order.occurred_at), unstarted=requests[1:])
+        attempt = Attempt(order, reservation, admitted_at=monotonic_of(order.occurred_at), unstarted=requests[1:])
         self.attempts[request_id] = attempt
         # Watched, not awaited: the projection's attempts table and billing need it, the first token does not.
         await self.send_for(attempt, GENERATIONS, AttemptStarted(**attempt.scoped, worker_id=self.worker_id))
         if attempt.fenced:  # the send failed at once: given up before it ran
-            self.attempts.pop(request_id, None)
+            self.drop(attempt)
             return
         self._thread.add(requests[0], order.weight)
         log.info("attempt started generation=%s epoch=%d input_tokens=%d reserved_blocks=%d",
-                 order.generation_id, order.epoch, len(order.input_token_ids), need)
+                 order.generation_id, order.epoch, len(order.input_token_ids), reservation.num_blocks)
 
     async def start_waiting(self) -> None:
         """End queued attempts whose deadline passed (all at once: their sends share produce requests), then
-        start them in queue order while they fit."""
+        start them in queue order while the engine gives the head room."""
         expired = self.waiting.take_expired(datetime.now(UTC))
         if expired:
             await asyncio.gather(*(self.end_unstarted(order, "expired") for order in expired))
-        while self.waiting.head is not None and self.blocks_needed(self.waiting.head) <= self.free_blocks:
-            await self.on_start(self.waiting.pop_head(), accepted=True)
+        while self.waiting.head is not None:
+            reservation = self.reserve(self.waiting.head)
+            if reservation is None:
+                return
+            await self.on_start(self.waiting.pop_head(), reservation)
 
     async def end_unstarted(self, order: StartAttempt, reason: str) -> None:
         """End an attempt that never reached the engine: terminal event, final stream event, release. If that
@@ -135,8 +148,8 @@ class DispatchOrders:
                         order.epoch, attempt.start.epoch if attempt else None)
             return
         attempt.cancel_ordered_at = monotonic_of(order.occurred_at)
-        if order.after_interruption:
-            attempt.fenced = True  # the controller already ended this epoch as Interrupted
+        if order.after_interruption and not attempt.fenced:
+            attempt.fence()  # the controller already ended this epoch as Interrupted
         self.abort(attempt)
 
     def abort(self, attempt: Attempt) -> None:
@@ -164,11 +177,12 @@ class DispatchOrders:
                 attempt.choices[choice].pending_end = FINISHES[FinishReason.FAILED][2]
                 log.warning("choice refused by the engine generation=%s choice=%d reason=%s",
                             attempt.start.generation_id, choice, reason)
-                if attempt.ended and not attempt.finishing and not attempt.fenced:
+                if attempt.choices_ended and not attempt.finishing and not attempt.fenced:
                     self.start_finishing(attempt)
             return
-        attempt = self.attempts.pop(request_id, None)
+        attempt = self.attempts.get(request_id)
         if attempt is not None:
+            self.drop(attempt)
             self.metrics.refused.labels(reason="engine").inc()
             task = asyncio.get_running_loop().create_task(self.refuse(attempt.start, reason))
             self._finishing.add(task)  # kept (and awaited at shutdown) like an end

@@ -6,7 +6,9 @@
                                 (heartbeat_thread.py); no acknowledged heartbeat for
                                 a lease ─▶ self-fence; an attempt past max_attempt_s + a lease ─▶ given up
 
-The KV pool is reserved by the worker's own accounting (capacity.py). An
+Room in the KV pool comes from the engine, the one authority on it: an
+attempt holds the engine's reservation from its start until it leaves the
+worker (`drop`), and heartbeats report what the engine counts free. An
 attempt given up (`fenced`) is named in the heartbeats: the controller then
 ends it Interrupted and releases its budget. Heartbeats list every attempt
 held under this process's incarnation id, so a restart under the same worker
@@ -60,7 +62,8 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
         self.engine = engine
         self.block_size = engine.config.block_size
         self.total_blocks = engine.stats().num_blocks_total
-        self.attempts: dict[str, Attempt] = {}  # engine request id of choice 0 -> attempt
+        # engine request id of choice 0 -> attempt, from the engine's reservation of room for it until `drop`
+        self.attempts: dict[str, Attempt] = {}
         self.outputs: asyncio.Queue[list[RequestOutput]] = asyncio.Queue()
         self.producer = make_producer(kafka, client_id=self.worker_id)
         self.consumer = make_consumer(kafka, client_id=self.worker_id, auto_offset_reset="latest")
@@ -132,6 +135,15 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
         at = self.dispatch_read.read_through(self.consumer)
         return None if at is None else datetime.fromtimestamp(at, UTC)
 
+    def drop(self, attempt: Attempt) -> None:
+        """`attempt` leaves the worker: out of `attempts` (and so of the heartbeats' list), its room back to
+        the engine for waiting attempts. Only the attempt registered under its id is dropped."""
+        if self.attempts.get(attempt.request_id) is not attempt:
+            return
+        del self.attempts[attempt.request_id]
+        self.engine.release(attempt.request_id)
+        attempt.end()
+
     # -- fencing ----------------------------------------------------------------------------
     def give_up(self, attempt: Attempt, why: str, exc: BaseException | None = None) -> None:
         """Stop a running attempt and name it in the heartbeats (`fenced`): the controller ends it Interrupted at
@@ -140,7 +152,7 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
             return
         log.error("attempt given up generation=%s epoch=%d why=%s error=%s", attempt.start.generation_id,
                   attempt.start.epoch, why, type(exc).__name__ if exc else None)
-        attempt.fenced = True
+        attempt.fence()
         self.self_fenced[attempt.start.generation_id] = attempt.start.epoch
         self._thread.abort(attempt.request_id)
 
@@ -160,7 +172,7 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
         self.waiting.clear()
         for attempt in self.attempts.values():
             if not attempt.fenced:
-                attempt.fenced = True
+                attempt.fence()
                 self.self_fenced[attempt.start.generation_id] = attempt.start.epoch
                 self.abort(attempt)
                 stopped += 1

@@ -63,14 +63,14 @@ class AttemptWriter:
         if attempt.unstarted and choice == 0:
             self.start_choices(attempt, output)
         if attempt.fenced:
-            if attempt.ended:
-                self.attempts.pop(attempt.request_id, None)
+            if attempt.choices_ended:
+                self.drop(attempt)
             return
         if output.new_token_ids or output.text_delta or output.prompt_logprobs is not None or output.finished:
             attempt.buffer(output, choice)
             self._buffered.set()
         now = time.monotonic()
-        if attempt.ended and not attempt.finishing:
+        if attempt.choices_ended and not attempt.finishing:
             await self.flush(attempt, now)
             # The end waits for acknowledgements; other attempts' tokens must not wait behind it.
             self.start_finishing(attempt)
@@ -120,7 +120,7 @@ class AttemptWriter:
 
     def start_finishing(self, attempt: Attempt) -> None:
         """Write the end of an attempt whose every choice ended, in a task kept (and awaited at shutdown)."""
-        attempt.finishing = True
+        attempt.begin_finishing()
         task = asyncio.get_running_loop().create_task(self.finish(attempt))
         self._finishing.add(task)
         task.add_done_callback(self._finished)
@@ -150,7 +150,7 @@ class AttemptWriter:
             log.info("attempt ended generation=%s epoch=%d reason=%s output_tokens=%d", attempt.start.generation_id,
                      attempt.start.epoch, end_reason, usage.generated_output_tokens)
         finally:
-            self.attempts.pop(attempt.request_id, None)
+            self.drop(attempt)
         await self.start_waiting()
 
     def _finished(self, task: asyncio.Task) -> None:

@@ -77,7 +77,7 @@ def report(args: argparse.Namespace, result, name: str, registration: dict | Non
 
 def run_import(args: argparse.Namespace) -> int:
     from engine.errors import ArtifactError
-    from engine.model_import import import_checkpoint
+    from engine.artifacts.model_import import import_checkpoint
 
     check_version_name(args.name)
     settings = Settings()

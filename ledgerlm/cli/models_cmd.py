@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_build_demo(args: argparse.Namespace) -> int:
-    from engine.demo_model import SIZES, build_demo_model
+    from engine.artifacts.demo_model import SIZES, build_demo_model
 
     if args.train_steps is not None and args.train_steps < 0:
         raise CliError("--train-steps must be >= 0")
@@ -62,7 +62,7 @@ def run_build_demo(args: argparse.Namespace) -> int:
 
 
 def run_manifest(args: argparse.Namespace) -> int:
-    from engine.artifacts import write_manifest
+    from engine.artifacts.model_dir import write_manifest
 
     if not args.dir.is_dir():
         raise CliError(f"{args.dir} is not a directory")
@@ -72,7 +72,7 @@ def run_manifest(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from engine.artifacts import load_artifacts
+    from engine.artifacts.model_dir import load_artifacts
     from engine.errors import ArtifactError
 
     try:

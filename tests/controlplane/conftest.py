@@ -101,7 +101,7 @@ def cp_env(services, database_url, cp_kafka) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
-    from engine.demo_model import build_demo_model
+    from engine.artifacts.demo_model import build_demo_model
 
     # Untrained weights: deterministic, and they almost never sample the end token, so lengths are exact.
     return build_demo_model(tmp_path_factory.mktemp("cp-models") / "tiny", size="tiny", train_steps=0,
@@ -221,7 +221,7 @@ async def controller(bootstrap, cp_env, cp_settings, tenants, versions, tmp_path
 
 @pytest.fixture(scope="session")
 async def engine_artifacts(model_dir):
-    from engine.artifacts import load_artifacts
+    from engine.artifacts.model_dir import load_artifacts
 
     return await asyncio.to_thread(load_artifacts, model_dir)
 
@@ -251,10 +251,11 @@ async def start_worker(bootstrap, cp_kafka, cp_settings, versions, engine_artifa
         if name not in registered:
             registered.update(await registered_versions(bootstrap))
         model = registered[name]
-        config = EngineConfig(kv_cache_bytes=blocks * BLOCK * 512, block_size=BLOCK, reservation=reservation,
-                              dtype="float32", device="cpu", tenant_weights={}, expected_checksums=model.checksums)
-        engine = Engine(model_dir, config, artifacts=engine_artifacts)
         settings = cp_settings.model_copy(update=overrides)
+        config = EngineConfig(kv_cache_bytes=blocks * BLOCK * 512, block_size=BLOCK, reservation=reservation,
+                              free_block_watermark=settings.worker_free_block_watermark, dtype="float32",
+                              device="cpu", tenant_weights={}, expected_checksums=model.checksums)
+        engine = Engine(model_dir, config, artifacts=engine_artifacts)
         worker = Worker(settings, cp_kafka("worker"), model, engine, worker_id or f"cp-worker-{uuid.uuid4().hex[:6]}")
         task = asyncio.create_task(worker.run())
         await asyncio.wait_for(worker.ready.wait(), 30)

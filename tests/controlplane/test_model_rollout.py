@@ -38,7 +38,7 @@ def greedy_output(model_dir: Path, artifacts) -> str:
     """The model's greedy answer to MESSAGES (6 tokens), for a golden file that expects it exactly."""
     from engine.config import EngineConfig
     from engine.engine import Engine
-    from engine.golden import parse_golden, render
+    from engine.artifacts.golden import parse_golden, render
     from engine.request import EngineRequest, SamplingParams
 
     engine = Engine(model_dir, EngineConfig(kv_cache_bytes=64 * BLOCK * 512, block_size=BLOCK, dtype="float32",
@@ -52,7 +52,7 @@ def greedy_output(model_dir: Path, artifacts) -> str:
 
 
 def make_golden(expect: dict) -> bytes:
-    from engine.golden import GOLDEN_FORMAT
+    from engine.artifacts.golden import GOLDEN_FORMAT
 
     return json.dumps({"format": GOLDEN_FORMAT, "prompts": [
         {"name": "capital", "messages": MESSAGES, "maxOutputTokens": 6, "expect": expect}]}).encode()
@@ -60,7 +60,7 @@ def make_golden(expect: dict) -> bytes:
 
 def with_golden(model_dir: Path, out: Path, expect: dict) -> Path:
     """A copy of the model with golden.json (listed in the manifest, so part of the content hash)."""
-    from engine.artifacts import write_manifest
+    from engine.artifacts.model_dir import write_manifest
 
     shutil.copytree(model_dir, out)
     (out / "golden.json").write_bytes(make_golden(expect))

@@ -12,7 +12,7 @@ from producers.model_registry import ModelVersionConflict, register_model, regis
 
 async def test_register_is_idempotent_and_refuses_other_content_under_the_same_name(bootstrap, topics, model_dir,
                                                                                      tmp_path):
-    from engine.artifacts import write_manifest
+    from engine.artifacts.model_dir import write_manifest
 
     name = f"cp-immutable-{uuid.uuid4().hex[:8]}@1"
     first = await register_model(bootstrap, model_dir, name)

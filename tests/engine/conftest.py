@@ -17,9 +17,9 @@ import pytest
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
-from engine.artifacts import load_artifacts
+from engine.artifacts.model_dir import load_artifacts
 from engine.config import EngineConfig
-from engine.demo_model import build_demo_model
+from engine.artifacts.demo_model import build_demo_model
 from engine.engine import Engine
 from engine_factories import BLOCK, kv_bytes_per_token_f32
 

@@ -87,10 +87,11 @@ def make_running(scheduler, bm, rid: str, weight: float, arrival: int, batch: bo
     from engine.sequence import Sequence, SequenceStatus
 
     seq = Sequence.from_request(EngineRequest(rid, (1,) * 4, batch=batch), arrival, weight)
-    assert bm.allocate(seq, 4)
+    assert bm.allocate(seq, 4) is not None
     seq.num_computed_tokens = 4
     seq.token_ids.append(2)
     seq.status = SequenceStatus.RUNNING
     seq.started = True
     scheduler.running.append(seq)
+    scheduler.requests[rid] = seq
     return seq

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from engine.artifacts import load_artifacts, write_manifest
+from engine.artifacts.model_dir import load_artifacts, write_manifest
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import ArtifactError

@@ -29,13 +29,12 @@ def compute_all(bm: BlockManager, seq: Sequence) -> None:
 def test_allocate_and_free_exact_block_ids():
     bm = BlockManager(num_blocks=6, block_size=4)
     a = make_seq(list(range(10)), arrival=0)
-    assert bm.allocate(a, 10)
-    assert a.block_table == [0, 1, 2]
+    assert bm.allocate(a, 10) == [0, 1, 2] == a.block_table
+    assert bm.allocate(a, 2) == []  # its table already covers that: a success that adds no block
     b = make_seq(list(range(100, 105)), arrival=1)
-    assert bm.allocate(b, 5)
-    assert b.block_table == [3, 4]
+    assert bm.allocate(b, 5) == [3, 4] == b.block_table
     c = make_seq(list(range(200, 208)), arrival=2)
-    assert not bm.allocate(c, 8)  # needs 2, only 1 left: nothing changes
+    assert bm.allocate(c, 8) is None  # needs 2, only 1 left: nothing changes
     assert c.block_table == [] and bm.num_free == 1
     bm.free_sequence(a)
     assert (bm.num_free, bm.num_cached_free, bm.num_used) == (4, 0, 2)
@@ -45,15 +44,14 @@ def test_allocate_and_free_exact_block_ids():
 def test_cached_blocks_evicted_lru_after_plain_free_blocks():
     bm = BlockManager(num_blocks=4, block_size=4)
     a = make_seq(list(range(8)), arrival=0)  # two full blocks
-    assert bm.allocate(a, 8) and a.block_table == [0, 1]
+    assert bm.allocate(a, 8) == [0, 1] == a.block_table
     compute_all(bm, a)
     bm.free_sequence(a)
     assert (bm.num_free, bm.num_cached_free) == (2, 2)
     # Tail released first, so the suffix block 1 is the LRU victim before prefix block 0.
     assert list(bm.cached_free) == [1, 0]
     b = make_seq(list(range(50, 62)), arrival=1)  # needs 3 blocks: 2 plain, then evict block 1
-    assert bm.allocate(b, 12)
-    assert b.block_table == [2, 3, 1]
+    assert bm.allocate(b, 12) == [2, 3, 1] == b.block_table
     assert list(bm.cached_free) == [0]
     assert bm.find_cached_prefix(make_seq(list(range(8)) + [9], arrival=2)) == [0]
     bm.check_invariants()
@@ -67,8 +65,8 @@ def test_cached_prefix_leaves_last_token_uncomputed_and_shares_blocks():
     same = make_seq(list(range(8)), arrival=1)
     hits = bm.find_cached_prefix(same)
     assert hits == [0]  # block 1 would cover the last token, which must be computed
-    assert bm.allocate(same, 4, hits)
-    assert same.block_table == [0, 2] and bm.ref_counts[0] == 2
+    assert bm.allocate(same, 4, hits) == [0, 2] == same.block_table  # the hit, then a fresh block
+    assert bm.ref_counts[0] == 2
     bm.free_sequence(a)
     assert bm.ref_counts[0] == 1 and bm.num_cached_free == 1  # block 1 only
     bm.check_invariants()

@@ -26,8 +26,8 @@ def test_pool_running_dry_preempts_batch_first_then_lowest_weight():
     out = sched.schedule(now=0.0)
     # One free block for four decodes: the batch sequence goes first whatever its weight, then the
     # lowest-weight newest one.
-    assert [s.request_id for s in out.preempted] == ["heavy_batch", "light_new"]
-    assert [c.seq.request_id for c in out.decodes] == ["heavy", "light_old"]
+    assert out.preempted == ("heavy_batch", "light_new")
+    assert [c.request_id for c in out.decodes] == ["heavy", "light_old"]
     bm.check_invariants()
 
 

@@ -33,7 +33,7 @@ def test_build_demo_max_context_overrides_the_size_and_keeps_its_shape(tmp_path,
 
 
 def test_mini_size_has_the_serving_bench_context():
-    from engine.demo_model import SIZES
+    from engine.artifacts.demo_model import SIZES
 
     assert SIZES["mini"].max_position_embeddings >= 4000 + 600  # the long-document mix fits
     assert SIZES["tiny"].max_position_embeddings == 512 and SIZES["small"].max_position_embeddings == 2048

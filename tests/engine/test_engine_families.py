@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from engine.artifacts import sliding_window, write_manifest
+from engine.artifacts.model_dir import sliding_window, write_manifest
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine_factories import make_request, random_prompt, run_engine, tokens_of

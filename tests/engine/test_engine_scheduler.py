@@ -1,11 +1,15 @@
 """Weighted fair queueing, deadlines, preemption victims."""
 from __future__ import annotations
 
+import pytest
+
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.request import EngineRequest, FinishReason, SamplingParams
 from engine.scheduler import Scheduler
-from engine.sequence import SequenceStatus
+from engine.prefix_hash import extend_block_hashes
+from engine.sequence import Sequence, SequenceStatus
+from engine.step_values import SampledToken, ScheduledChunk, SequenceUpdate, StepResult
 from engine_factories import finish_of, make_request, make_running, run_engine, tokens_of
 
 
@@ -69,8 +73,9 @@ def test_preemption_picks_lowest_weight_then_newest():
     # One free block, four decodes that each need a new one. heavy_old takes
     # it; heavy_new gets light_new's block; light_old is then the least
     # important running sequence itself and yields.
-    assert [s.request_id for s in out.preempted] == ["light_new", "light_old"]
-    assert [c.seq for c in out.decodes] == [heavy_old, heavy_new]
+    assert out.preempted == ("light_new", "light_old")
+    assert [(c.request_id, c.start, c.num_tokens, c.samples) for c in out.decodes] == [
+        ("heavy_old", 4, 1, True), ("heavy_new", 4, 1, True)]
     assert sched.running == [heavy_old, heavy_new]
     assert light_new.status is SequenceStatus.WAITING and light_new.num_computed_tokens == 0
     assert light_new.block_table == [] and light_old.block_table == []
@@ -105,3 +110,48 @@ def test_queue_time_is_arrival_to_first_scheduling_on_the_engine_clock(make_engi
     # "first" ran at the first step (t=10.5); "second" waited for its slot until "first" ended at t=11.5.
     assert {o.queue_time_s for o in outputs["first"]} == {0.5}
     assert {o.queue_time_s for o in outputs["second"]} == {2.0}
+
+
+def test_the_plan_is_a_snapshot_and_only_update_from_output_moves_sequences():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    sched = Scheduler(EngineConfig(max_num_seqs=8), bm, max_model_len=64)
+    seq = make_running(sched, bm, "a", 1.0, arrival=0)
+    out = sched.schedule(now=0.0)
+    assert out.decodes == (ScheduledChunk("a", 4, 1, True),) and out.prefills == ()
+    assert seq.num_computed_tokens == 4  # planned, not yet computed
+    stops = []
+    updates = sched.update_from_output(out, StepResult((SampledToken("a", 9),)),
+                                       lambda s, token: stops.append((s.request_id, token)))
+    assert updates == [SequenceUpdate("a", 9, None, None)] and stops == [("a", 9)]
+    assert (seq.num_computed_tokens, seq.token_ids[-2:]) == (5, [2, 9])
+    assert out.decodes == (ScheduledChunk("a", 4, 1, True),)  # the step's plan stays what was planned
+    ended = sched.update_from_output(sched.schedule(now=0.0), StepResult((SampledToken("a", 3),)),
+                                     lambda s, token: FinishReason.LENGTH)
+    assert ended == [SequenceUpdate("a", 3, None, FinishReason.LENGTH)]
+    assert (seq.status, seq.block_table, sched.running, sched.requests) == (SequenceStatus.FINISHED, [], [], {})
+    bm.check_invariants()
+
+
+def test_a_prefix_hit_starts_the_chunk_past_it_and_counts_as_computed_only_after_the_step():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    sched = Scheduler(EngineConfig(max_num_seqs=8), bm, max_model_len=64, compat_key=b"k")
+    first = Sequence.from_request(EngineRequest("first", tuple(range(10, 19))), 0, 1.0)
+    extend_block_hashes(first.block_hashes, first.token_ids, 4, b"k", "")
+    sched.add(first)
+    sched.update_from_output(sched.schedule(now=0.0), StepResult((SampledToken("first", 5),)), lambda s, t: None)
+    again = Sequence.from_request(EngineRequest("again", tuple(range(10, 20))), 1, 1.0)
+    extend_block_hashes(again.block_hashes, again.token_ids, 4, b"k", "")
+    sched.add(again)
+    out = sched.schedule(now=0.0)
+    assert ScheduledChunk("again", 8, 2, True) in out.prefills  # two cached blocks, two tokens to compute
+    assert (again.num_computed_tokens, again.num_cached_tokens, again.block_table[:2]) == (0, 8, first.block_table[:2])
+
+
+def test_a_finished_sequence_never_runs_again():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    sched = Scheduler(EngineConfig(max_num_seqs=8), bm, max_model_len=64)
+    seq = make_running(sched, bm, "a", 1.0, arrival=0)
+    sched.finish(seq, FinishReason.CANCELLED)
+    assert (seq.status, seq.finish_reason) == (SequenceStatus.FINISHED, FinishReason.CANCELLED)
+    with pytest.raises(RuntimeError, match="'a' cannot go from finished to running"):
+        Scheduler._move(seq, SequenceStatus.RUNNING)

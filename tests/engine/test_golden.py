@@ -6,7 +6,7 @@ import json
 import pytest
 
 from engine.errors import ArtifactError, RequestError
-from engine.golden import GOLDEN_FORMAT, GoldenPrompt, load_golden, parse_golden, render, run_golden
+from engine.artifacts.golden import GOLDEN_FORMAT, GoldenPrompt, load_golden, parse_golden, render, run_golden
 from engine.request import EngineRequest, SamplingParams
 
 MESSAGES = [{"role": "user", "content": "the water is"}]

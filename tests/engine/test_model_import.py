@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from engine.artifacts import load_artifacts, read_manifest
+from engine.artifacts.model_dir import load_artifacts, read_manifest
 from engine.errors import ArtifactError
-from engine.model_import import import_checkpoint
+from engine.artifacts.model_import import import_checkpoint
 from ledgerlm.model_pull import KNOWN_MODELS, PullError, extract_gguf
 
 SMOLLM2 = KNOWN_MODELS["smollm2-135m-instruct"]

@@ -21,7 +21,7 @@ from tests.waiting import wait_until_sync
 @pytest.fixture
 def up_env(services, scratch_database, tmp_path) -> dict[str, str]:
     """`ledgerlm up` on the session's broker, an empty database, a home, groups and a port of its own."""
-    from engine.demo_model import build_demo_model
+    from engine.artifacts.demo_model import build_demo_model
 
     home = tmp_path / "home"
     build_demo_model(home / "models" / "demo-tiny", size="tiny", train_steps=0, progress=False)  # reused by `up`

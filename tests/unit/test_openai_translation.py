@@ -28,7 +28,7 @@ PRINCIPAL = Principal("t", 200_000, 1_000_000)
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    from engine.demo_model import build_demo_model
+    from engine.artifacts.demo_model import build_demo_model
 
     model_dir = build_demo_model(tmp_path_factory.mktemp("m") / "tiny", size="tiny", train_steps=0, progress=False)
     catalog = ModelCatalog()

@@ -66,9 +66,10 @@ def test_the_controller_adds_the_reported_error_to_interactive_predictions_and_s
 def test_the_worker_records_the_promise_ratio_per_tier_and_feeds_the_error_back():
     from consumers.worker.attempts import Attempt
     from consumers.worker.measure import observe_wait
+    from engine.reservations import Reservation
     from plumbing.telemetry.metrics import WorkerMetrics
 
     metrics, waits = WorkerMetrics(lambda: None, lambda: 0), WaitCalibration()
-    observe_wait(metrics, Attempt(order(predicted_ms=400, model_ms=300), reserved_blocks=1), 0.5, 7.0, waits)
+    observe_wait(metrics, Attempt(order(predicted_ms=400, model_ms=300), Reservation("g1#1", 1)), 0.5, 7.0, waits)
     ratio = metrics.registry.get_sample_value("ledgerlm:queue_wait_promise_ratio_sum", {"tier": "interactive"})
     assert ratio == 1.25 and waits.error_ms(7.0) == 200.0

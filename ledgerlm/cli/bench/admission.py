@@ -25,7 +25,7 @@ def register_admission(bench: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bench.admission import run_admission_bench
-    from engine.demo_model import build_demo_model
+    from engine.artifacts.demo_model import build_demo_model
 
     settings = Settings()
     model_dir = args.model_dir or settings.home / "models" / ("demo-tiny" if args.size == "tiny" else args.size)

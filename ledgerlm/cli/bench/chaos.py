@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from bench.chaos.fleet import LoadFaultTimes
     from bench.chaos.repeat import failed, run_repeated
     from bench.chaos.run import ChaosConfig
-    from engine.demo_model import build_demo_model
+    from engine.artifacts.demo_model import build_demo_model
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # a killed broker is the point of the run

@@ -26,7 +26,7 @@ def register_intake(bench: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bench.intake import run_intake_bench
-    from engine.demo_model import build_demo_model
+    from engine.artifacts.demo_model import build_demo_model
 
     settings = Settings()
     model_dir = settings.home / "models" / "demo-tiny"

@@ -26,7 +26,7 @@ def register_serve(bench: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see `bench engine`
     from bench.serve.run import run_serve_bench
-    from engine.demo_model import build_demo_model
+    from engine.artifacts.demo_model import build_demo_model
 
     settings = Settings()
     model_dir = args.model_dir or settings.home / "models" / MODEL_SIZE

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from engine.artifacts import write_manifest
+from engine.artifacts.model_dir import write_manifest
 
 SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>")
 CHAT_TEMPLATE = (

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.artifacts import SUPPORTED_MODEL_TYPES, read_manifest, sha256_file, write_manifest
+from engine.artifacts.model_dir import SUPPORTED_MODEL_TYPES, read_manifest, sha256_file, write_manifest
 from engine.errors import ArtifactError
 
 # Tokenizer and generation files copied from a Hugging Face directory as they are.
