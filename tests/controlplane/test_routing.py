@@ -78,7 +78,9 @@ async def test_work_waits_on_a_full_worker_and_interactive_starts_before_batch(g
     views = {}
     for name, created in (("running", running), ("chat", chat), ("batch", batch)):
         gen_id = created.json()["id"]
-        views[name] = await wait_until(lambda: (v := bridge.view(gen_id)) and v.final and v, 30, what=f"{name} end")
+        # The end comes on llm.tokens, the start (with its worker) on llm.generations: wait for both.
+        views[name] = await wait_until(lambda: (v := bridge.view(gen_id)) and v.final and v.worker_id and v, 30,
+                                       what=f"{name} end")
     assert all(v.final.reason == "output-limit" and len(v.tokens) == 100 for v in views.values())
     assert {v.worker_id for v in views.values()} == {small.worker_id}
     # One attempt at a time fits: the interactive one, queued after the batch one, ran first.
