@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 
 from plumbing.kafka.access import KafkaAccess
@@ -36,6 +37,11 @@ async def _worker(settings: Settings, kafka: KafkaAccess, args: argparse.Namespa
         engine = await asyncio.to_thread(load_engine, settings, model, args.model_dir)
     except EngineError as exc:
         raise CliError(f"worker refused to start: {exc}") from None
+    from plumbing.telemetry.collections import freeze_startup_objects, log_slow_collections
+
+    frozen = freeze_startup_objects()  # the pool's block objects are never garbage: no collection walks them
+    log_slow_collections()
+    logging.getLogger(__name__).info("startup objects frozen count=%d", frozen)
     await Worker(settings, kafka, model, engine, args.worker_id).run()
 
 
