@@ -128,3 +128,25 @@ def test_a_billing_period_marker_on_the_lifecycle_topic_is_no_generation_to_the_
     bridge.on_event("llm.generations", make_event("PeriodClosed"))
     bridge.notify_changed()
     assert bridge.views == {}
+
+
+def test_the_sweep_drops_views_ended_longer_ago_than_kept_walks_only_ended_ones_and_keeps_the_rest():
+    from producers.gateway.streams.generation_view import KEEP_ENDED_S
+
+    clock = Clock()
+    bridge = live_bridge(clock)
+    tenant = "tenant-s"
+    for gen_id in ("gen_old", "gen_running"):
+        bridge.on_event("llm.generations", make_event("Admitted", tenant, gen_id))
+    bridge.on_event("llm.generations", make_event("Completed", tenant, "gen_old"))
+    clock.now += KEEP_ENDED_S / 2
+    bridge.on_event("llm.generations", make_event("Admitted", tenant, "gen_new"))
+    bridge.on_event("llm.generations", make_event("Completed", tenant, "gen_new"))
+    assert list(bridge._ended) == ["gen_old", "gen_new"]  # the running one is not walked at all
+    clock.now += KEEP_ENDED_S / 2 + 1
+    bridge.sweep_once()
+    assert bridge.view("gen_old") is None and bridge.view("gen_new") is not None
+    assert bridge.view("gen_running") is not None and list(bridge._ended) == ["gen_new"]
+    clock.now += KEEP_ENDED_S
+    bridge.sweep_once()
+    assert bridge.view("gen_new") is None and not bridge._ended and not bridge._final_due

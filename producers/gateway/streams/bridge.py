@@ -47,6 +47,10 @@ class StreamBridge:
     def __init__(self, kafka: Kafka, clock=time.monotonic, start: StartPositions | None = None,
                  group: str = "ledgerlm-gateways", share: bool = True) -> None:
         self.views: dict[str, GenerationView] = {}
+        # Ended views in the order they ended, and those of them still without a final event: the sweep walks
+        # these, not every view held (an idle gateway that had replayed a busy log walked thousands twice a second).
+        self._ended: dict[str, GenerationView] = {}
+        self._final_due: dict[str, GenerationView] = {}
         self.clock = clock
         self.tail = SharedTail(kafka, self, start, group, share)
         self._changed: set[str] = set()
@@ -144,6 +148,7 @@ class StreamBridge:
         if view.terminal is not None:
             return
         view.terminal, view.terminal_at = event, self.clock()
+        self._ended[view.generation_id] = self._final_due[view.generation_id] = view
         view.status = STATUS_OF_TERMINAL[type(event).__name__]
         if isinstance(event, (Completed, Canceled, Expired, Failed)):
             view.usage[view.current_epoch] = event.usage
@@ -199,19 +204,26 @@ class StreamBridge:
 
     def sweep_once(self) -> None:
         """Write the final events no worker will write (after a grace, once caught up); drop long-ended views."""
+        if not self.caught_up:
+            return
         now = self.clock()
-        for gen_id, view in list(self.views.items()):
-            if view.terminal_at is None or not self.caught_up:
+        for gen_id, view in list(self._final_due.items()):
+            if view.final is not None:
+                del self._final_due[gen_id]
                 continue
             waited = now - view.terminal_at
-            if view.final is None and not view.partial and waited > FINAL_GRACE_S \
-                    and (view.covers_watermark() or waited > WATERMARK_WAIT_S):
+            if not view.partial and waited > FINAL_GRACE_S and (view.covers_watermark() or waited > WATERMARK_WAIT_S):
                 self._end_without_worker(view)
                 if view.final is None:
                     name = type(view.terminal).__name__
                     self._finish_without_worker(view, REASON_OF_TERMINAL.get(name, "completed"), "final")
                 view.notify()
-            elif now - view.terminal_at > KEEP_ENDED_S and not self.tail.interest.wanted(gen_id):
+        for gen_id, view in list(self._ended.items()):  # oldest first: stop at the first one kept for its time
+            if now - view.terminal_at <= KEEP_ENDED_S:
+                break
+            if not self.tail.interest.wanted(gen_id):
+                del self._ended[gen_id]
+                self._final_due.pop(gen_id, None)
                 del self.views[gen_id]
 
     async def follow(self, generation_id: str, timeout_s: float = 600.0, after_seq: int = 0):
