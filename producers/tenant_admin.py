@@ -56,14 +56,19 @@ async def create_tenant(kafka: Kafka, database_url: str, name: str, limits: Tena
         key = issue_api_key()
         event = TenantRegistered(tenant_id=name, name=name, limits=limits,
                                  api_key_hash=key.hash, api_key_prefix=key.prefix, billing=billing)
-        producer = make_producer(kafka)
-        await producer.start()
-        try:
-            await publish(producer, TENANTS, event)
-        finally:
-            await producer.stop()
-        await project_tenants(kafka, database_url)
+        await record_tenant(kafka, database_url, event)
     return CreatedTenant(tenant_id=name, api_key=key.plain)
+
+
+async def record_tenant(kafka: Kafka, database_url: str, event: TenantRegistered) -> None:
+    """Publish a tenant's record to `llm.tenants`, then project it, so the caller reads it back at once."""
+    producer = make_producer(kafka)
+    await producer.start()
+    try:
+        await publish(producer, TENANTS, event)
+    finally:
+        await producer.stop()
+    await project_tenants(kafka, database_url)
 
 
 async def project_tenants(kafka: Kafka, database_url: str) -> int:
@@ -117,11 +122,5 @@ async def set_billing(kafka: Kafka, database_url: str, tenant_id: str, *, stripe
                                          **{k: v for k, v in changed.items() if v is not None}})
     event = TenantRegistered.model_validate({**latest.model_dump(), "event_id": uuid.uuid4(),
                                              "occurred_at": utc_now(), "billing": billing})
-    producer = make_producer(kafka)
-    await producer.start()
-    try:
-        await publish(producer, TENANTS, event)
-    finally:
-        await producer.stop()
-    await project_tenants(kafka, database_url)
+    await record_tenant(kafka, database_url, event)
     return billing
