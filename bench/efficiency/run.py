@@ -25,6 +25,7 @@ from bench.capacity.client import MIXES, closed_loop
 from bench.capacity.metrics import client_summary
 from bench.capacity.run import CapacityConfig, Prompts, default_tenant, platform_settings, run_engine, warm
 from bench.common import free_port
+from bench.efficiency.kafka_rates import KafkaRequestScraper, request_rates
 from bench.overhead.run import load_average, sampler_for, service_pids
 from bench.proc_cpu import CpuSampler, cpu_seconds
 from bench.serve.targets import ledgerlm_platform
@@ -55,17 +56,27 @@ def with_worker_split(cpu: dict[str, float | None]) -> dict[str, float | None]:
     return {**cpu, "worker_other": None if worker is None or engine is None else max(worker - engine, 0.0)}
 
 
-async def idle_phase(sampler: CpuSampler, seconds: float) -> dict:
+async def idle_phase(sampler: CpuSampler, scraper: KafkaRequestScraper, seconds: float) -> dict:
     import asyncio
 
-    before, began = sampler.sample(), time.monotonic()
+    requests, before, began = await scraper.sample(), sampler.sample(), time.monotonic()
     await asyncio.sleep(seconds)  # the measurement itself: a fixed window with no traffic
     elapsed = time.monotonic() - began
     cpu = with_worker_split(cpu_seconds(before, sampler.sample()))
+    rates = request_rates(requests, await scraper.sample(), elapsed)
     cores = {role: None if s is None else round(s / elapsed, 4) for role, s in cpu.items()}
     stack = [cores[r] for r in ("worker", "gateway", "controller", "projector", "kafka", "postgres")]
     return {"seconds": round(elapsed, 2), "cores_by_role": cores,
-            "cores": None if None in stack else round(sum(stack), 4), "load_average": load_average()}
+            "cores": None if None in stack else round(sum(stack), 4), "kafka_requests_per_s": rates,
+            "load_average": load_average()}
+
+
+def role_metrics_urls(platform, settings: dict[str, str]) -> dict[str, str]:
+    local = "http://127.0.0.1:{}/metrics".format
+    return {"gateway": f"{platform.target.base_url}/metrics",
+            "controller": local(settings["LEDGERLM_CONTROLLER_METRICS_PORT"]),
+            "worker": local(settings["LEDGERLM_WORKER_METRICS_PORT"]),
+            "projector": local(settings["LEDGERLM_PROJECTOR_METRICS_PORT"])}
 
 
 def role_costs(cpu: dict[str, float | None], idle: dict[str, float | None], wall_s: float, tokens: int) -> dict:
@@ -88,23 +99,28 @@ def outside_engine(costs: dict) -> float | None:
 
 async def platform_levels(model_dir: Path, prompts: Prompts, config: EfficiencyConfig, workdir: Path) -> dict:
     brokers, postmaster = service_pids(Settings())
-    settings = platform_settings(free_port())
+    # Metrics ports only, so each role's Kafka request counts can be read: no setting that changes behaviour.
+    settings = {**platform_settings(free_port()), "LEDGERLM_CONTROLLER_METRICS_PORT": str(free_port()),
+                "LEDGERLM_PROJECTOR_METRICS_PORT": str(free_port())}
     async with ledgerlm_platform(model_dir, [default_tenant()], workdir, settings=settings,
                                  bench="efficiency") as platform:
         sampler = sampler_for(platform.pids, brokers, postmaster)
+        scraper = KafkaRequestScraper(role_metrics_urls(platform, settings))
         await warm(platform.target, prompts(MIX, 0))
-        idle_before = await idle_phase(sampler, config.idle_s)
+        idle_before = await idle_phase(sampler, scraper, config.idle_s)
         levels = []
         for concurrency in config.levels:
-            load, before, began = load_average(), sampler.sample(), time.monotonic()
+            load, requests, before, began = load_average(), await scraper.sample(), sampler.sample(), time.monotonic()
             _, records = await closed_loop(platform.target, prompts(MIX, concurrency), MIXES[MIX], concurrency,
                                            config.duration_s, config.drain_s)
             wall_s = time.monotonic() - began
             cpu = with_worker_split(cpu_seconds(before, sampler.sample()))
+            rates = request_rates(requests, await scraper.sample(), wall_s)
             levels.append({"concurrency": concurrency, "load_avg_at_start": load, "load_avg_at_end": load_average(),
                            "wall_s": round(wall_s, 2), "output_tokens": sum(r.output_tokens for r in records),
-                           **client_summary(records, config.duration_s), "cpu_s": cpu})
-        idle_after = await idle_phase(sampler, config.idle_s)
+                           **client_summary(records, config.duration_s), "cpu_s": cpu,
+                           "kafka_requests_per_s": rates})
+        idle_after = await idle_phase(sampler, scraper, config.idle_s)
     # The lower idle burn of the two is what is subtracted: the broker's JIT can still be warming up before the
     # load, and an inflated idle would hide what the load cost.
     idle = {role: min((v for v in (idle_before["cores_by_role"].get(role), idle_after["cores_by_role"].get(role))
@@ -129,6 +145,7 @@ def compare(platform: list[dict], engine: list[dict]) -> list[dict]:
                      "itl_p95_ratio": round(itl / itl_alone, 3) if itl and itl_alone else None,
                      "platform_ttft_ms": level["ttft_ms"], "engine_ttft_ms": other.get("ttft_ms"),
                      "errors": {k: level[k] for k in ("refused_429", "refused_503", "other")},
+                     "kafka_requests_per_s": level.get("kafka_requests_per_s"),
                      "outside_engine_ms_per_output_token": level["outside_engine_ms_per_output_token"]})
     return rows
 
@@ -167,8 +184,10 @@ async def run_efficiency_bench(model_dir: Path, config: EfficiencyConfig, workdi
     met = check(rows, platform["idle_before"], platform["idle_after"])
     return {"comparison": rows, "targets": TARGETS, "targets_met": met,
             "idle_cores_before": platform["idle_before"]["cores"], "idle_cores_after": platform["idle_after"]["cores"],
-            "platform": platform, "engine_alone": {"levels": engine, "wall_s": round(time.monotonic() - engine_began, 1)},
-            "not_measured": ["Kafka fetch and produce requests per second per role"],
+            "platform": platform,
+            "engine_alone": {"levels": engine, "wall_s": round(time.monotonic() - engine_began, 1)},
+            "not_measured": ["Kafka requests of the broker itself (replication, its controller) and the "
+                             "clients' metadata refreshes; the per-role rates count the rest"],
             "model_dir": str(model_dir), "config": asdict(config),
             "machine": {"cpus": os.cpu_count(), "load_average_at_start": load_start,
                         "load_average_at_end": load_average()},

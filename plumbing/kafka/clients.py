@@ -16,6 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import BaseModel
 
 from plumbing.kafka.access import KafkaAccess
+from plumbing.kafka.request_counts import count_requests
 from schemas.codec import encode, record_headers, record_key
 
 # How long the broker holds a fetch that finds no new record. A record that arrives meanwhile answers the
@@ -32,7 +33,7 @@ def make_producer(kafka: Kafka, transactional_id: str | None = None, client_id: 
     # A transaction begun right after a commit meets CONCURRENT_TRANSACTIONS until the broker has written the
     # previous markers; aiokafka then retries after retry_backoff_ms (100 ms by default), a latency cliff for
     # one-transaction-per-batch processors. Ten ms is plenty on a broker that answers in under one.
-    return AIOKafkaProducer(
+    producer = AIOKafkaProducer(
         **KafkaAccess.of(kafka).client_options(),
         client_id=client_id,
         enable_idempotence=True,
@@ -41,6 +42,8 @@ def make_producer(kafka: Kafka, transactional_id: str | None = None, client_id: 
         linger_ms=linger_ms,
         retry_backoff_ms=10 if transactional_id else 100,
     )
+    count_requests(producer, client_id)
+    return producer
 
 
 def make_consumer(kafka: Kafka, *topics: str, group_id: str | None = None,
@@ -49,7 +52,7 @@ def make_consumer(kafka: Kafka, *topics: str, group_id: str | None = None,
                   **timeouts: int) -> AIOKafkaConsumer:
     """A read-committed consumer that never commits on its own; `timeouts` are aiokafka's (a group member's
     session_timeout_ms and heartbeat_interval_ms, request_timeout_ms)."""
-    return AIOKafkaConsumer(
+    consumer = AIOKafkaConsumer(
         *topics,
         **KafkaAccess.of(kafka).client_options(),
         client_id=client_id,
@@ -61,6 +64,8 @@ def make_consumer(kafka: Kafka, *topics: str, group_id: str | None = None,
         fetch_max_wait_ms=fetch_max_wait_ms,
         **timeouts,
     )
+    count_requests(consumer, client_id)
+    return consumer
 
 
 def pace_fetches(consumer: AIOKafkaConsumer, min_bytes: int, max_wait_ms: int) -> None:

@@ -18,6 +18,7 @@ and workers side by side — without two metrics claiming one name.
     exporter    usage_exported_total{sink}, usage_export_dead_lettered_total{sink} (alert on any),
                 usage_export_retries_total{sink}, usage_export_lag{sink},
                 usage_export_oldest_unexported_seconds{sink}
+    every role  kafka_requests_total{client,api} (plumbing/kafka/request_counts.py)
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from plumbing.kafka import request_counts
 
 PREFIX = "ledgerlm:"
 # vLLM's buckets: TTFT spans prefill of long documents, ITL one decode step.
@@ -38,8 +41,8 @@ REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0
 
 
 def exposition(registry: CollectorRegistry) -> bytes:
-    """The registry in Prometheus text format."""
-    return generate_latest(registry)
+    """The registry in Prometheus text format, with the process's Kafka request counts."""
+    return generate_latest(registry) + generate_latest(request_counts.REGISTRY)
 
 
 class GatewayMetrics:

@@ -101,3 +101,34 @@ async def test_paced_fetches_are_what_the_consumers_next_fetch_request_asks_for(
         assert next_request() == (LONG_POLL_MS, 1)
     finally:
         await consumer.stop()
+
+
+async def test_every_role_counts_the_requests_its_clients_send(bootstrap, topics):
+    """A produce is one Produce request of its client, an idle consumer's long polls are Fetch requests of its
+    client, and the counts reach a role's /metrics text."""
+    import uuid
+
+    from plumbing.kafka.clients import make_producer
+    from plumbing.kafka.request_counts import COUNTS
+    from plumbing.telemetry.metrics import GatewayMetrics, exposition
+    from schemas.topics import TOKENS
+    from tests.waiting import wait_until
+
+    name = f"counted-{uuid.uuid4().hex[:8]}"
+    producer = make_producer(bootstrap, client_id=f"{name}-p", linger_ms=0)
+    consumer = make_consumer(bootstrap, client_id=f"{name}-c", auto_offset_reset="latest")
+    await producer.start()
+    await consumer.start()
+    try:
+        for _ in range(3):
+            await publish(producer, "llm.generations", make_event("Admitted"))
+        produced = COUNTS[(f"{name}-p", "Produce")]
+        assert produced >= 3, dict(COUNTS)  # a retry (a leader moving) is one more
+        consumer.assign([TopicPartition(TOKENS, 0)])
+        await wait_until(lambda: COUNTS[(f"{name}-c", "Fetch")] >= 3, timeout_s=30)
+        text = exposition(GatewayMetrics().registry).decode()
+        assert f'ledgerlm:kafka_requests_total{{api="Produce",client="{name}-p"}} {float(produced)}' in text
+        assert f'api="Fetch",client="{name}-c"' in text
+    finally:
+        await consumer.stop()
+        await producer.stop()

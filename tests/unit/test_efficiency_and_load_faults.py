@@ -89,3 +89,17 @@ def test_the_page_shows_one_row_per_level_with_its_ratio_and_the_idle_burn():
     assert page.startswith("# bench efficiency, 2026-12-01")
     assert "| 1 | 9.0 | 10.0 | 0.9 | 1/115.0 | 1/100.0 | 1.15 |" in page
     assert "0.04 cores before the load, 0.04 after" in page and "kafka 0.02" in page
+
+
+def test_kafka_request_rates_are_per_role_per_api_differences_over_the_phase():
+    from bench.efficiency.kafka_rates import parse_requests, request_rates
+
+    text = ('ledgerlm:kafka_requests_total{api="Fetch",client="gateway-bridge"} 10.0\n'
+            'ledgerlm:kafka_requests_total{api="Fetch",client="gateway-workers"} 4.0\n'
+            'ledgerlm:kafka_requests_total{api="Produce",client="gw-1"} 2.0\n'
+            'ledgerlm:http_responses_total{code="200"} 9.0\n')
+    assert parse_requests(text) == {"Fetch": 14.0, "Produce": 2.0}
+    before = {"gateway": {"Fetch": 14.0, "Produce": 2.0}, "worker": None}
+    after = {"gateway": {"Fetch": 34.0, "Produce": 2.0, "Heartbeat": 1.0}, "worker": {"Fetch": 3.0}}
+    assert request_rates(before, after, 10.0) == {"gateway": {"Fetch": 2.0, "Heartbeat": 0.1, "total": 2.1},
+                                                  "worker": None}
