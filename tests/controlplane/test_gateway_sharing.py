@@ -127,14 +127,14 @@ async def test_an_id_is_minted_into_the_admitting_gateways_share_so_its_stream_n
             created = [await create(member, tenant, versions["served"], 3) for _ in range(8)]
             # By chance all 8 of a half share: 1 in 256 per gateway.
             assert [partition_for(gen_id, PARTITIONS) in share for gen_id in created] == [True] * 8
-        await pacing_becomes(members, {"idle"})  # nobody watches: fetches are held for batches
+        await pacing_becomes(members, {"idle", "quiet"})  # nobody watches: batches, or long polls once nothing comes
         gen_id = await create(members[1], tenant, versions["paced"], 400)
         watcher = asyncio.create_task(read_events(members[1], gen_id, tenant.headers))
         await pacing_becomes(members[1:], {"live", "busy"}, while_running=watcher)
         events = await asyncio.wait_for(watcher, 120)
         assert seqs(events) == list(range(1, 401)) and events[-1][0] == "final"
         assert (await members[1].bridge())["guestPartitions"] == []
-        await pacing_becomes(members, {"idle"})
+        await pacing_becomes(members, {"idle", "quiet"})
 
 
 async def pacing_becomes(members: list[Member], pacing: set[str], while_running: asyncio.Task | None = None,

@@ -64,7 +64,20 @@ async def test_a_flow_is_batched_and_goes_back_to_long_polls_at_its_first_thin_f
 
 
 async def test_records_nobody_wants_are_fetched_in_large_batches():
-    reader, _ = make_reader([1])
+    reader, _ = make_reader([1, 0])
     reader.wanted = lambda: False
     await reader.poll_once(timeout_ms=1000)
     assert reader.pacing.mode == "idle" and reader.consumer._fetcher._fetch_max_wait_ms == FetchPacing.MODES["idle"][1]
+    await reader.poll_once(timeout_ms=1000)  # the records stopped: long polls, not 20 empty fetches a second
+    assert reader.pacing.mode == "quiet"
+    assert (reader.consumer._fetcher._fetch_min_bytes, reader.consumer._fetcher._fetch_max_wait_ms) == (1, 500)
+
+
+async def test_a_party_that_subscribes_to_a_busy_unwanted_reader_is_paced_as_a_flow_at_once():
+    reader, _ = make_reader([BUSY_RECORDS + 1])
+    reader.wanted = lambda: False
+    await reader.poll_once(timeout_ms=1000)
+    assert reader.pacing.mode == "idle"
+    reader.wanted = lambda: True
+    reader.pace()
+    assert reader.pacing.mode == "busy" and reader.consumer._fetcher._fetch_max_wait_ms == 2
