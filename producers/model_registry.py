@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from plumbing.kafka.clients import Kafka, make_producer, publish
-from plumbing.kafka.follower import Follower
+from plumbing.kafka.follower import REGISTRY_POLL_MS, Follower
 from schemas.envelope import Envelope
 from schemas.model_book import ModelBook
 from schemas.model_rollout import RESERVED_PREFIXES
@@ -82,7 +82,8 @@ def describe(model_dir: str | Path, name: str, dtype: str = "float32", block_siz
 async def read_model_book(kafka: Kafka) -> ModelBook:
     """`llm.models` folded up to its current end: versions, qualifications, aliases."""
     book = ModelBook()
-    follower = Follower(kafka, [MODELS], lambda _topic, event: book.observe(event), client_id="model-registry")
+    follower = Follower(kafka, [MODELS], lambda _topic, event: book.observe(event), client_id="model-registry",
+                        long_poll_ms=REGISTRY_POLL_MS)
     await follower.start()
     try:
         await follower.catch_up()

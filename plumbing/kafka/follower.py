@@ -20,7 +20,7 @@ from typing import Literal
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 
-from plumbing.kafka.clients import Kafka, make_consumer, partitions_of
+from plumbing.kafka.clients import LONG_POLL_MS, Kafka, make_consumer, partitions_of
 from schemas.codec import DecodeError, decode
 from schemas.envelope import Envelope
 
@@ -36,24 +36,32 @@ def partition_for(key: str, partitions: int) -> int:
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
+# For registries that change a few times a day (models, tenants, presence) and whose read-through time nobody
+# judges: the first new record still answers a fetch at once, and an idle follower asks the broker every 5 s,
+# not twice a second. Not for `llm.workers`: liveness is judged as of its read-through time.
+REGISTRY_POLL_MS = 5000
+
+
 class Follower:
     def __init__(self, kafka: Kafka, topics: list[str], handler: Handler,
                  start: Literal["beginning", "end"] | StartPositions = "beginning",
                  client_id: str = "ledgerlm-follower",
-                 after_batch: Callable[[], None] | None = None) -> None:
+                 after_batch: Callable[[], None] | None = None, long_poll_ms: int = LONG_POLL_MS) -> None:
         self.topics = topics
         self.handler = handler
         self.after_batch = after_batch  # called once per fetched batch, after its records' handlers
         self.start_at = start
         self.kafka = kafka
         self.client_id = client_id
+        self.long_poll_ms = long_poll_ms  # how long the broker holds a fetch that finds nothing new
         self.consumer: AIOKafkaConsumer | None = None  # made in start(): aiokafka needs the running loop
         self.caught_up = asyncio.Event()
         self._ends: dict[TopicPartition, int] = {}
         self.freshness = ReadThrough()
 
     async def start(self) -> None:
-        self.consumer = make_consumer(self.kafka, client_id=self.client_id, auto_offset_reset="latest")
+        self.consumer = make_consumer(self.kafka, client_id=self.client_id, auto_offset_reset="latest",
+                                      fetch_max_wait_ms=self.long_poll_ms)
         await self.consumer.start()
         partitions = [tp for topic in self.topics for tp in await partitions_of(self.consumer, topic)]
         self.consumer.assign(partitions)

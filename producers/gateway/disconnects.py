@@ -10,7 +10,7 @@ import logging
 from typing import Protocol
 
 from plumbing.kafka.clients import Kafka, publish
-from plumbing.kafka.follower import Follower
+from plumbing.kafka.follower import REGISTRY_POLL_MS, Follower
 from plumbing.settings import Settings
 from producers.gateway.admission.client import AdmissionClient
 from producers.gateway.streams.bridge import StreamBridge
@@ -37,7 +37,8 @@ class DisconnectPolicy:
         self.presence = presence
         # From the beginning (an hour of retention): a watcher that attached elsewhere before this gateway
         # started is known before this gateway decides anything.
-        self.follower = Follower(kafka, [PRESENCE], self._observe, start="beginning", client_id="gateway-presence")
+        self.follower = Follower(kafka, [PRESENCE], self._observe, start="beginning", client_id="gateway-presence",
+                                 long_poll_ms=REGISTRY_POLL_MS)
         self._tasks: list[asyncio.Task] = []
 
     def _observe(self, _topic: str, event) -> None:

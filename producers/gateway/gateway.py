@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from starlette.requests import HTTPConnection
 
 from plumbing.kafka.clients import Kafka
-from plumbing.kafka.follower import Follower
+from plumbing.kafka.follower import REGISTRY_POLL_MS, Follower
 from plumbing.settings import Settings
 from plumbing.telemetry.metrics import GatewayMetrics
 from plumbing.telemetry.server import Readiness
@@ -73,7 +73,7 @@ class Gateway:
         presence = Presence(admission.gateway_id)
         return cls(settings, admission, bridge, db, catalog,
                    Follower(kafka, [MODELS], lambda _topic, event: catalog.observe(event),
-                            client_id="gateway-models"), metrics, board=board,
+                            client_id="gateway-models", long_poll_ms=REGISTRY_POLL_MS), metrics, board=board,
                    workers_follower=Follower(kafka, [WORKERS], on_worker, client_id="gateway-workers"),
                    keys=keys, auth=Authenticator(db, keys, settings), slots=slots, presence=presence,
                    disconnects=DisconnectPolicy(kafka, presence))

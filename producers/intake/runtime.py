@@ -19,7 +19,7 @@ import uuid
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 from plumbing.kafka.clients import Kafka, make_consumer, make_producer
-from plumbing.kafka.follower import Follower
+from plumbing.kafka.follower import REGISTRY_POLL_MS, Follower
 from plumbing.settings import Settings
 from producers.gateway.admission.client import AdmissionClient
 from producers.gateway.admission.prompts import ModelCatalog
@@ -59,7 +59,8 @@ class Intake:
         self.group = intake_group(settings)
         self.tenants: dict = {}
         self.catalog = ModelCatalog()
-        self.registries = Follower(kafka, [TENANTS, MODELS], self._on_registry, client_id=f"{self.instance_id}-reg")
+        self.registries = Follower(kafka, [TENANTS, MODELS], self._on_registry, client_id=f"{self.instance_id}-reg",
+                                   long_poll_ms=REGISTRY_POLL_MS)
         self.admission = AdmissionClient(kafka, settings.controller_group, gateway_id=self.instance_id)
         self.submitter = Submitter(settings, self.admission, self.catalog, self.tenants)
         self.lanes: dict[TopicPartition, Lane] = {}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from plumbing.kafka.clients import Kafka
-from plumbing.kafka.follower import Follower
+from plumbing.kafka.follower import REGISTRY_POLL_MS, Follower
 from producers.gateway.database import Principal
 from schemas.registry_events import TenantRegistered
 from schemas.topics import TENANTS
@@ -74,7 +74,8 @@ class KeyDirectory:
 
     def __init__(self, kafka: Kafka, client_id: str = "gateway-tenants") -> None:
         self.index = ApiKeyIndex()
-        self.follower = Follower(kafka, [TENANTS], self._on_record, client_id=client_id)
+        self.follower = Follower(kafka, [TENANTS], self._on_record, client_id=client_id,
+                                 long_poll_ms=REGISTRY_POLL_MS)
         self._task: asyncio.Task | None = None
 
     def _on_record(self, _topic: str, event) -> None:
