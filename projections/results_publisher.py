@@ -6,9 +6,11 @@
 
 A result needs the text of the whole generation, so the committed offset of a partition is its *safe start*:
 the first record of the oldest generation still open there (or the position when none is). A restarted owner
-reads again from there, rebuilding the open generations, and writes no result for a record below the
-`through` position it committed with them: those results went out in the same transaction as that offset.
-So a crash loses no result and repeats none. Only tenants with a results topic get results (`tenants
+reads again from there, rebuilding the open generations, and writes no result whose `Admitted` and end
+both lie below the `through` positions it committed with them: the earlier owner had read both, so that
+result went out in the same transaction as those offsets. (The end alone below `through` is not enough:
+the two topics are fetched apart, so the earlier owner may have read an end whose `Admitted` it had not
+reached, and held it.) So a crash loses no result and repeats none. Only tenants with a results topic get results (`tenants
 grant-kafka`); the broker does not create topics on first write.
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ from plumbing.settings import Settings
 from projections.results import ResultsDeriver
 from schemas.codec import DecodeError, decode
 from schemas.intake import RESULTS_PREFIX, GenerationResult, results_topic
+from schemas.lifecycle import Admitted
 from schemas.topics import GENERATIONS, TOKENS
 
 log = logging.getLogger(__name__)
@@ -55,14 +58,15 @@ class ResultsPublisher:
         self.group = results_group(settings)
         self.deriver = ResultsDeriver()
         self.first_offsets: dict[str, dict[TopicPartition, int]] = {}  # open generation -> where it starts
-        self.through: dict[TopicPartition, int] = {}  # results below these offsets are already published
+        self.closing: dict[str, dict[str, tuple[TopicPartition, int]]] = {}  # open -> its Admitted's, its end's
+        self.through: dict[TopicPartition, int] = {}  # what the earlier owner had read when it committed
         self.results_topics: set[str] = set()
         self._topics_at = 0.0
         self.published = 0
         self.ready = asyncio.Event()
 
     def forget(self) -> None:
-        self.deriver, self.first_offsets, self.through = ResultsDeriver(), {}, {}
+        self.deriver, self.first_offsets, self.closing, self.through = ResultsDeriver(), {}, {}, {}
 
     async def resume(self, assigned: list[TopicPartition]) -> None:
         """Seek each partition to its safe start; remember how far its results were published."""
@@ -114,17 +118,37 @@ class ResultsPublisher:
                     event = decode(record.topic, record.value)
                 except DecodeError:
                     continue  # the projector dead-letters it; a result has nothing to take from it
-                gid = getattr(event, "generation_id", None)
-                result = self.deriver.observe(event)
-                if gid in self.deriver.open:
-                    self.first_offsets.setdefault(gid, {}).setdefault(tp, record.offset)
-                else:
-                    self.first_offsets.pop(gid, None)
-                if result is not None and record.offset >= self.through.get(tp, 0):
+                result = self.observe(tp, record.offset, event)
+                if result is not None:
                     results.append(result)
         for gid in self.deriver.sweep():
             self.first_offsets.pop(gid, None)
+            self.closing.pop(gid, None)
         await self._commit(results)
+
+    def observe(self, tp: TopicPartition, offset: int, event) -> GenerationResult | None:
+        """The result this record completes, unless the earlier owner already published it."""
+        gid = getattr(event, "generation_id", None)
+        result = self.deriver.observe(event)
+        gen = self.deriver.open.get(gid)
+        if gen is not None:
+            self.first_offsets.setdefault(gid, {}).setdefault(tp, offset)
+            self._mark(gid, tp, offset, event, ended=gen.ended is not None)
+            return None
+        self.first_offsets.pop(gid, None)
+        if result is None:
+            return None
+        self._mark(gid, tp, offset, event, ended=True)
+        closing = self.closing.pop(gid, {})
+        published = len(closing) == 2 and all(at < self.through.get(where, 0) for where, at in closing.values())
+        return None if published else result
+
+    def _mark(self, gid: str, tp: TopicPartition, offset: int, event, *, ended: bool) -> None:
+        marks = self.closing.setdefault(gid, {})
+        if isinstance(event, Admitted):
+            marks.setdefault("admitted", (tp, offset))
+        elif ended:
+            marks.setdefault("end", (tp, offset))
 
     async def _commit(self, results: list[GenerationResult]) -> None:
         offsets = {}

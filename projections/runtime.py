@@ -1,9 +1,9 @@
 """The projector: Kafka -> Postgres with the consumed offsets stored beside the rows.
 
     getmany ──► decode (bad record ─► llm.dlq) ──► [ BEGIN
+                                                     projection_offsets CAS expected -> next
                                                      projection.apply(rows)
                                                      refused_events (events the database refused)
-                                                     projection_offsets CAS expected -> next
                                                    COMMIT ] ──► refused events ─► llm.dlq
 
 A consumer that lost its partition in a rebalance still expects the old
@@ -220,14 +220,16 @@ class Projector:
         for attempt in range(5):
             try:
                 with self.conn.transaction():
+                    # the offsets first: a member that lost a partition in a rebalance waits here on the
+                    # new owner's row lock and gets StaleOffset, before it writes anything twice
+                    for item in sorted(items, key=lambda i: (i.projection.name, i.tp.topic, i.tp.partition)):
+                        advance(self.conn, item.projection.name, item.tp.topic, item.tp.partition,
+                                self.stored.get(item.tp), item.next_offset)
                     refused = self._apply_grouped(items)
                     for item, item_refused in zip(items, refused):
                         store_refused(self.conn, item.projection.name, item.tp,
                                       [(item.offsets[id(e)], e, reason) for e, reason in item_refused])
                     self._maybe_crash()
-                    for item in items:
-                        advance(self.conn, item.projection.name, item.tp.topic, item.tp.partition,
-                                self.stored.get(item.tp), item.next_offset)
                 self.conn.commit()
                 for item in items:
                     self.stored[item.tp] = item.next_offset

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 import psycopg
 
 from plumbing.kafka.clients import make_consumer, partitions_of, publish
+from projections.export import ledger
 from projections.export.runtime import Exporter
 from projections.export.sinks.factory import SINKS
 from projections.lifecycle import LifecycleProjection
@@ -76,6 +77,13 @@ async def caught_up(conn: psycopg.Connection, sink: str, ends: dict[int, int]) -
     return all(stored.get(p, 0) >= end for p, end in ends.items())
 
 
+def rewind(conn: psycopg.Connection, sink: str, positions: dict[int, int]) -> None:
+    """The sink's exporter stands at `positions` again: what it exported since is read once more."""
+    conn.execute("DELETE FROM export_offsets WHERE sink = %s", (sink,))
+    for partition, offset in positions.items():
+        advance(conn, sink, GENERATIONS, partition, None, offset, EXPORTS)
+
+
 @asynccontextmanager
 async def running(exporter: Exporter):
     """The exporter as a group member in this loop, stopped (and awaited) on leaving."""
@@ -88,9 +96,10 @@ async def running(exporter: Exporter):
         await asyncio.wait_for(task, 30)
 
 
-async def export_until_caught_up(exporter: Exporter, conn: psycopg.Connection, bootstrap: str,
-                                 timeout_s: float = 60) -> None:
-    ends = await log_ends(bootstrap)
+async def export_until_caught_up(exporter: Exporter, conn: psycopg.Connection, timeout_s: float = 60) -> None:
+    # the exporter holds back what the lifecycle projection has not committed, and the log may grow meanwhile
+    # (another test's roles finishing their work): caught up means through what is projected now
+    ends = ledger.projected_through(conn)
     async with running(exporter) as task:
         await wait_until(lambda: task.done() or caught_up(conn, exporter.sink.name, ends), timeout_s,
                          f"the {exporter.sink.name} exporter at the end of the log")

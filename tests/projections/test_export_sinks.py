@@ -12,6 +12,7 @@ from cloudevents.core.bindings.kafka import KafkaMessage, from_structured_event
 from cloudevents.core.formats.json import JSONFormat
 
 from plumbing.kafka.clients import make_consumer
+from projections.export import ledger
 from projections.export.reconcile import reconcile
 from projections.export.runtime import Exporter
 from projections.export.sinks.base import Backoff
@@ -24,7 +25,7 @@ from schemas.topics import DLQ, USAGE_EXPORT
 from schemas.values import BillingIds
 from tests.projections.billing_doubles import BillingDouble, RecordingProxy
 from tests.projections.export_helpers import (
-    export_until_caught_up, ledger_rows, log_ends, seal_generations, sealed, start_sinks_at_end,
+    export_until_caught_up, ledger_rows, log_ends, rewind, seal_generations, sealed, start_sinks_at_end,
 )
 
 SOURCE = "ledgerlm://test"
@@ -71,9 +72,10 @@ async def test_kafka_sink_writes_each_seal_once_as_a_cloudevent_and_a_replay_fro
     _, ids = await seal_generations(producer, project, 6)
     seals = sealed(conn, ids)
     assert len(seals) == 6
-    await export_until_caught_up(exporter(bootstrap, export_db, KafkaSink(bootstrap, SOURCE, print)), conn, bootstrap)
-    conn.execute("DELETE FROM export_offsets WHERE sink = 'kafka'")  # the whole log again, from offset 0
-    await export_until_caught_up(exporter(bootstrap, export_db, KafkaSink(bootstrap, SOURCE, print)), conn, bootstrap)
+    began = ledger.positions(conn, "kafka")
+    await export_until_caught_up(exporter(bootstrap, export_db, KafkaSink(bootstrap, SOURCE, print)), conn)
+    rewind(conn, "kafka", began)  # every record again, from where the first run began
+    await export_until_caught_up(exporter(bootstrap, export_db, KafkaSink(bootstrap, SOURCE, print)), conn)
 
     consumer = make_consumer(bootstrap)
     await consumer.start()
@@ -109,7 +111,7 @@ async def test_openmeter_sink_retries_429_and_5xx_with_the_same_ids(bootstrap, p
     _, ids = await seal_generations(producer, project, 5)
     retries = []
     sink = OpenMeterSink(meter.url, "om-token", SOURCE, retries.append, FAST)
-    await export_until_caught_up(exporter(bootstrap, export_db, sink), conn, bootstrap)
+    await export_until_caught_up(exporter(bootstrap, export_db, sink), conn)
 
     assert [r.split(" on ")[0] for r in retries] == ["HTTP 503", "HTTP 429", "HTTP 500"]
     assert meter.accepted_ids() == sorted(f"usage:{gid}:1" for gid in ids)
@@ -129,7 +131,7 @@ async def test_a_refused_seal_is_dead_lettered_with_the_sinks_reason_and_the_res
     meter.refuse_ids = {f"usage:{refused}:1"}
     dlq_before = await log_ends(bootstrap, DLQ)
     run = exporter(bootstrap, export_db, OpenMeterSink(meter.url, None, SOURCE, print, FAST))
-    await export_until_caught_up(run, conn, bootstrap)
+    await export_until_caught_up(run, conn)
 
     assert meter.accepted_ids() == sorted(f"usage:{gid}:1" for gid in ids if gid != refused)
     rows = ledger_rows(conn, "openmeter")
@@ -172,14 +174,15 @@ async def test_lago_sink_bills_the_tenants_subscription_once_per_transaction_id(
     mapped, mapped_ids = await seal_generations(producer, project, 3, BillingIds(lago_subscription_id="sub_42"))
     plain, plain_ids = await seal_generations(producer, project, 2)
     sink = LagoSink(lago.url, "lago-key", "llm_tokens", print, FAST)
-    await export_until_caught_up(exporter(bootstrap, export_db, sink), conn, bootstrap)
-    conn.execute("DELETE FROM export_offsets WHERE sink = 'lago'")
+    began = ledger.positions(conn, "lago")
+    await export_until_caught_up(exporter(bootstrap, export_db, sink), conn)
+    rewind(conn, "lago", began)
     await export_until_caught_up(exporter(bootstrap, export_db, LagoSink(lago.url, "k", "llm_tokens", print, FAST)),
-                                 conn, bootstrap)
+                                 conn)
 
     assert sorted(lago.accepted) == sorted([("sub_42", f"usage:{gid}:1") for gid in mapped_ids] +
                                            [(plain, f"usage:{gid}:1") for gid in plain_ids])
-    assert len(lago.deliveries) == 5  # the replay from offset 0 sent nothing
+    assert len(lago.deliveries) == 5  # the replay sent nothing
     seals = sealed(conn, mapped_ids)
     event = lago.accepted[("sub_42", f"usage:{mapped_ids[0]}:1")]
     _, _, model, label, _, billed_in, cached, out, sealed_at = seals[mapped_ids[0]]
@@ -198,7 +201,7 @@ async def test_stripe_sink_sends_one_valid_meter_event_per_meter_to_stripe_mock(
         _, ids = await seal_generations(producer, project, 4, BillingIds(stripe_customer_id="cus_ledgerlm_1"))
         _, orphan_ids = await seal_generations(producer, project, 1)  # a tenant without a Stripe customer
         run = exporter(bootstrap, export_db, StripeSink(proxy.url, "sk_test_123", STRIPE_EVENTS, print, FAST))
-        await export_until_caught_up(run, conn, bootstrap)
+        await export_until_caught_up(run, conn)
     finally:
         proxy.stop()
 
@@ -222,8 +225,6 @@ async def test_the_oldest_unexported_seal_is_read_since_a_floor_through_the_seal
         bootstrap, producer, project, export_db, conn):
     from datetime import timedelta
 
-    from projections.export import ledger
-
     _, ids = await seal_generations(producer, project, 6)
     times = sorted(row[-1] for row in sealed(conn, ids).values())
     assert ledger.oldest_unexported(conn, "kafka") == (times[0], times[-1])
@@ -235,7 +236,7 @@ async def test_the_oldest_unexported_seal_is_read_since_a_floor_through_the_seal
     conn.execute("RESET enable_seqscan")
     assert "billing_ledger_sealed_at" in plan, plan
 
-    await export_until_caught_up(exporter(bootstrap, export_db, KafkaSink(bootstrap, SOURCE, print)), conn, bootstrap)
+    await export_until_caught_up(exporter(bootstrap, export_db, KafkaSink(bootstrap, SOURCE, print)), conn)
     assert ledger.oldest_unexported(conn, "kafka") == (None, times[-1])
     assert ledger.oldest_unexported(conn, "kafka", times[3]) == (None, times[-1])
     assert ledger.oldest_unexported(conn, "openmeter", times[3]) == (times[3], times[-1])  # a sink of its own

@@ -91,3 +91,41 @@ def test_the_asyncapi_document_has_both_tenant_topics():
 
     channels = asyncapi_document(make_broker("127.0.0.1:9"))["channels"]
     assert {"llm.requests.{tenant}:GenerationRequested", "llm.results.{tenant}:GenerationResult"} <= set(channels)
+
+
+def replayed_owner(through: dict) -> "ResultsPublisher":
+    from plumbing.settings import Settings
+    from projections.results_publisher import ResultsPublisher
+
+    owner = ResultsPublisher(Settings(), "127.0.0.1:1")  # never started: only its record rule is used
+    owner.through = dict(through)
+    return owner
+
+
+def test_a_restarted_publisher_writes_the_result_its_predecessor_held_for_a_later_admitted():
+    from aiokafka import TopicPartition
+
+    gens, toks = TopicPartition("llm.generations", 0), TopicPartition("llm.tokens", 0)
+    final = StreamFinished(**GEN, epoch=1, seq=2, reason="output-limit", usage=Usage(generated_output_tokens=1))
+    # the predecessor read the tokens' partition through the end (offset 12) but not the Admitted (offset 5):
+    # it held the end, made no result, and committed through tokens 13, generations 5; this time the
+    # Admitted comes first, and the end, below the committed position, completes a result never written
+    owner = replayed_owner({toks: 13, gens: 5})
+    assert owner.observe(gens, 5, admitted()) is None
+    assert owner.observe(toks, 11, tokens(1, "Hi")) is None
+    result = owner.observe(toks, 12, final)
+    assert (result.request_id, result.text) == ("r1", "Hi")
+    assert not owner.closing and not owner.first_offsets
+
+    # the predecessor read both (Admitted 5, end 12) and so wrote the result with its offsets: not again
+    again = replayed_owner({toks: 13, gens: 6})
+    assert again.observe(gens, 5, admitted()) is None
+    assert again.observe(toks, 11, tokens(1, "Hi")) is None
+    assert again.observe(toks, 12, final) is None
+    # the same with the end read first, the Admitted completing it
+    held = replayed_owner({toks: 13, gens: 6})
+    assert held.observe(toks, 12, final) is None
+    assert held.observe(gens, 5, admitted()) is None
+    unread = replayed_owner({toks: 12, gens: 6})  # the end was past what the predecessor had read
+    assert unread.observe(toks, 12, final) is None
+    assert unread.observe(gens, 5, admitted()).request_id == "r1"
