@@ -127,17 +127,28 @@ def counter_increase(first: dict[str, float], last: dict[str, float]) -> dict[st
 def histogram_quantiles(first: dict[float, float], last: dict[float, float], total_s: float, count: float) -> dict:
     """p50/p95 (upper bucket bounds, ms) and mean (ms) of what a cumulative histogram gained between two scrapes:
     `first`/`last` map each bucket's upper bound (inf included) to its cumulative count."""
+    n, (p50, p95) = gained_bounds(first, last, (0.5, 0.95))
+    if n <= 0:
+        return {"n": 0, "p50_le_ms": None, "p95_le_ms": None, "mean_ms": None}
+    return {"n": n, "p50_le_ms": None if p50 is None else round(p50 * 1000, 1),
+            "p95_le_ms": None if p95 is None else round(p95 * 1000, 1),
+            "mean_ms": round(total_s / count * 1000, 1) if count > 0 else None}
+
+
+def gained_bounds(first: dict[float, float], last: dict[float, float],
+                  quantiles: Sequence[float]) -> tuple[int, list[float | None]]:
+    """How many observations a cumulative histogram gained between two scrapes, and for each quantile the upper
+    bound of the bucket it falls in (None: past the last finite bound, or nothing gained)."""
     gained = {bound: last.get(bound, 0.0) - first.get(bound, 0.0) for bound in sorted(last)}
     n = gained.get(math.inf, 0.0)
     if n <= 0:
-        return {"n": 0, "p50_le_ms": None, "p95_le_ms": None, "mean_ms": None}
+        return 0, [None for _ in quantiles]
 
     def upper(q: float) -> float | None:
         bound = next(b for b, c in gained.items() if c >= q * n)
-        return None if math.isinf(bound) else round(bound * 1000, 1)
+        return None if math.isinf(bound) else bound
 
-    return {"n": int(n), "p50_le_ms": upper(0.5), "p95_le_ms": upper(0.95),
-            "mean_ms": round(total_s / count * 1000, 1) if count > 0 else None}
+    return int(n), [upper(q) for q in quantiles]
 
 
 def blocks_for(tokens: float, block_size: int = 16) -> int:

@@ -30,6 +30,7 @@ from bench.common import free_port
 from bench.serve.client import Target
 from bench.serve.targets import (PER_STEP_TOKENS, Platform, TargetUnavailable, TenantSpec, ledgerlm_platform,
                                  transformers_serve, worker_kv_blocks)
+from plumbing.settings import Settings
 
 SERVERS = ("ledgerlm", "transformers_serve", "engine")
 # transformers serve on CPU would otherwise size its KV cache at 90% of the machine's memory: 512 MiB holds the
@@ -50,6 +51,7 @@ class CapacityConfig:
     settle_limit_s: float = 30.0
     seed: int = 0
     quick: bool = False
+    client: str = "builtin"  # "guidellm": guidellm itself drives ledgerlm's levels (bench/capacity/guidellm.py)
 
 
 FULL = CapacityConfig(levels=(1, 2, 4, 8, 16, 32), duration_s=60, drain_s=60, mixes=("a", "b"))
@@ -114,6 +116,25 @@ async def sweep(target: Target, prompts: Prompts, config: CapacityConfig, observ
     return runs
 
 
+async def guidellm_sweep(target: Target, prompts: Prompts, model_dir: Path, config: CapacityConfig, workdir: Path,
+                         observe) -> dict[str, dict]:
+    """The levels driven by guidellm (its synthetic 128-token prompts, 64 output tokens: mix a's shape)."""
+    from bench.capacity import guidellm
+    from bench.serve.run import settle
+
+    await warm(target, prompts("a", 0))
+    levels = []
+    for concurrency in config.levels:
+        settled_s = await settle(target, limit_s=config.settle_limit_s)
+        load = [round(x, 2) for x in os.getloadavg()]
+        t0 = time.monotonic()
+        level = await guidellm.run_level(target, default_tenant().name, model_dir, concurrency, config.duration_s,
+                                         workdir)
+        levels.append({**level, "settled_s": settled_s, "load_avg_at_start": load,
+                       **observe(t0, time.monotonic())})
+    return {"a": {"levels": levels, "saturation": saturation(levels)}}
+
+
 def platform_observer(platform: Platform, scraper: WorkerScraper):
     def observe(t0: float, t1: float) -> dict:
         beats = [s for s in platform.heartbeats.samples if t0 <= s["t"] <= t1]
@@ -132,8 +153,11 @@ async def run_ledgerlm(model_dir: Path, prompts: Prompts, config: CapacityConfig
                                  bench="capacity") as platform:
         scraper = WorkerScraper(f"http://127.0.0.1:{settings['LEDGERLM_WORKER_METRICS_PORT']}/metrics")
         scraping = asyncio.create_task(scraper.run())
+        observe = platform_observer(platform, scraper)
         try:
-            return await sweep(platform.target, prompts, config, platform_observer(platform, scraper))
+            if config.client == "guidellm":
+                return await guidellm_sweep(platform.target, prompts, model_dir, config, workdir, observe)
+            return await sweep(platform.target, prompts, config, observe)
         finally:
             scraping.cancel()
             await asyncio.gather(scraping, return_exceptions=True)
@@ -212,6 +236,10 @@ async def run_capacity_bench(model_dir: Path, config: CapacityConfig, workdir: P
             unavailable["engine"] = f"{type(exc).__name__}: {exc}"
         wall["engine"] = round(time.monotonic() - begun, 1)
     report = assemble(config, model_dir, runs, unavailable, load_start)
+    if config.client == "guidellm":
+        from bench.capacity.guidellm_targets import check_guidellm
+
+        report["guidellm"] = check_guidellm(runs, Settings().interactive_queue_allowance_ms)
     report["server_wall_s"] = wall  # start-up, warm-up and every level of each
     if plots is not None:
         from bench.capacity.plots import write_plots
@@ -222,8 +250,6 @@ async def run_capacity_bench(model_dir: Path, config: CapacityConfig, workdir: P
 
 
 def assemble(config: CapacityConfig, model_dir: Path, runs: dict, unavailable: dict, load_start: list) -> dict:
-    from plumbing.settings import Settings
-
     where = mark_working_sets(runs, config)
     at_saturation = ratios(runs)
     met, notes = check_targets(runs, at_saturation)
@@ -261,9 +287,17 @@ def assemble(config: CapacityConfig, model_dir: Path, runs: dict, unavailable: d
 
 
 def configure(quick: bool, levels: str | None, duration_s: float | None, servers: str | None, mixes: str | None,
-              engine_levels: str | None) -> CapacityConfig:
-    """QUICK or FULL with the command line's overrides (servers may say `transformers` for transformers_serve)."""
+              engine_levels: str | None, client: str = "builtin") -> CapacityConfig:
+    """QUICK or FULL with the command line's overrides (servers may say `transformers` for transformers_serve).
+
+    guidellm drives ledgerlm only (transformers serve answers its requests with 422), at levels 1-16, and the
+    engine alone runs at every level of its one shape (mix a)."""
     config = QUICK if quick else FULL
+    if client == "guidellm":
+        config = replace(config, client=client, mixes=("a",), servers=("ledgerlm", "engine"), engine_levels="all",
+                         levels=(1, 4, 8) if quick else (1, 2, 4, 8, 16))
+    elif client != "builtin":
+        raise ValueError(f"--client: builtin or guidellm, not {client!r}")
     if levels:
         if not all(x.strip().isdigit() and int(x) > 0 for x in levels.split(",")):
             raise ValueError(f"--levels: positive integers separated by commas, not {levels!r}")

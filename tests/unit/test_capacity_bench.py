@@ -16,7 +16,7 @@ from bench.capacity.metrics import (client_summary, histogram_quantiles, kv_usag
 from bench.capacity.prompts import ChatPrompt
 from bench.capacity.run import QUICK, configure, engine_concurrencies, mark_working_sets
 from bench.capacity.targets import check_targets
-from bench.capacity.worker import heartbeat_summary, parse_worker_metrics, scrape_summary
+from bench.capacity.worker import heartbeat_summary, parse_worker_metrics, promise_summary, scrape_summary
 from bench.serve.client import on_openai_chunk
 from bench.serve.client import Target
 
@@ -155,7 +155,11 @@ def test_worker_metrics_parse_from_the_real_exposition():
     metrics = WorkerMetrics(lambda: stats, lambda: 48)
     for seconds in (0.01, 0.02, 0.3):
         metrics.queue_time.observe(seconds)
+    for ratio in (0.8, 1.05, 1.2, 4.0):
+        metrics.wait_promise_ratio.labels(tier="interactive").observe(ratio)
+    metrics.wait_promise_ratio.labels(tier="batch").observe(9.0)  # batch waits promise nothing: left out
     sample = parse_worker_metrics(exposition(metrics.registry).decode())
+    assert promise_summary({}, sample) == {"n": 4, "p50_le": 1.1, "p95_le": 5.0}
     assert (sample["used"], sample["free"], sample["reserved"], sample["running"], sample["waiting"]) == (
         40, 51, 48, 4, 2)
     assert sample["counters"] == {"preemptions_total": 3.0, "recomputed_tokens_total": 70.0}
@@ -311,3 +315,30 @@ def test_transformers_serve_gets_a_view_naming_the_architecture_a_gguf_import_la
     assert (view / "model.safetensors").resolve() == (model / "model.safetensors").resolve()
     assert json.loads((model / "config.json").read_text())["architectures"] is None  # the model is untouched
     assert with_architectures(view, tmp_path / "again") == view
+
+
+def guidellm_level(c: int, tok_s: float, errored: int = 0, ttft_p95: float = 900.0, promise: float | None = 1.1):
+    return {"concurrency": c, "completed": 20, "errored": errored, "output_tok_s": tok_s, "error_kinds": {},
+            "ttft_ms": {"p95": ttft_p95}, "itl_ms": {"p95": 150.0},
+            "interactive_wait_promise_ratio": {"n": 10 if promise else 0, "p50_le": promise}}
+
+
+def test_guidellm_targets_judge_errors_and_tok_s_only_where_the_engine_keeps_the_allowance():
+    from bench.capacity.guidellm_targets import check_guidellm
+
+    ours = [guidellm_level(1, 6.0), guidellm_level(8, 20.0, errored=3, promise=2.0),
+            guidellm_level(16, 18.0, errored=40, ttft_p95=2500.0)]
+    engine = [{"concurrency": 1, "output_tok_s": 6.5, "ttft_ms": {"p95": 300.0}},
+              {"concurrency": 8, "output_tok_s": 28.0, "ttft_ms": {"p95": 1500.0}},
+              {"concurrency": 16, "output_tok_s": 30.0, "ttft_ms": {"p95": 4000.0}}]  # the engine misses at 16
+    report = check_guidellm({"ledgerlm": {"a": {"levels": ours}}, "engine": {"a": {"levels": engine}}}, 2000)
+    targets = report["targets"]
+    assert targets["ttft_p95_within_allowance"] == {"met": False, "misses": ["16: 2500.0 ms"]}
+    assert targets["errors_max_where_engine_keeps"] == {"met": False, "misses": ["8: 0.1304"]}  # 16 not judged
+    assert targets["tok_s_vs_engine_min"] == {"met": False, "misses": ["8: 0.714"]}
+    assert targets["overload_not_below_8"] == {"met": False, "misses": ["16: 18.0 < 8: 20.0"]}
+    assert targets["promise_median_within_25pct"] == {"met": False, "misses": ["8: 2.0"]}
+    assert [row["engine_keeps_allowance"] for row in report["levels"]] == [True, True, False]
+    kept = check_guidellm({"ledgerlm": {"a": {"levels": ours[:1]}}, "engine": {"a": {"levels": engine}}}, 2000)
+    assert all(t["met"] for name, t in kept["targets"].items() if name != "overload_not_below_8")
+    assert kept["targets"]["overload_not_below_8"]["met"] is None  # no level 16 (or 8): not measured

@@ -26,6 +26,9 @@ def register_capacity(bench: argparse._SubParsersAction) -> None:
     capacity.add_argument("--engine-levels", choices=("saturation", "all"),
                           help="run the engine alone at ledgerlm's saturation only (the default) or every level")
     capacity.add_argument("--model-dir", type=Path, help=f"model directory (default: {MODEL}, pulled once)")
+    capacity.add_argument("--client", choices=("builtin", "guidellm"), default="builtin",
+                          help="who drives ledgerlm's levels: the bench's own closed loop, or guidellm unmodified "
+                               "(levels 1,2,4,8,16, 128-token prompts, 64 output tokens, the engine alone at each)")
     capacity.set_defaults(handler=run)
 
 
@@ -34,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     from bench.capacity.run import configure, run_capacity_bench
 
     try:
-        config = configure(args.quick, args.levels, args.duration_s, args.servers, args.mixes, args.engine_levels)
+        config = configure(args.quick, args.levels, args.duration_s, args.servers, args.mixes, args.engine_levels,
+                           args.client)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     settings = Settings()
@@ -42,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     report = asyncio.run(run_capacity_bench(model_dir, config, settings.home / "bench" / "capacity", args.plots))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({k: report[k] for k in ("saturation", "ratios", "targets_met", "wall_s")}))
+    shown = ("saturation", "ratios", "targets_met", "wall_s", "guidellm")
+    print(json.dumps({k: report[k] for k in shown if k in report}))
     print(f"wrote {args.json}")
     return 0
 
