@@ -342,3 +342,23 @@ def test_guidellm_targets_judge_errors_and_tok_s_only_where_the_engine_keeps_the
     kept = check_guidellm({"ledgerlm": {"a": {"levels": ours[:1]}}, "engine": {"a": {"levels": engine}}}, 2000)
     assert all(t["met"] for name, t in kept["targets"].items() if name != "overload_not_below_8")
     assert kept["targets"]["overload_not_below_8"]["met"] is None  # no level 16 (or 8): not measured
+
+
+def test_a_guidellm_report_reads_as_a_capacity_level_and_its_command_names_the_tenant_key():
+    import json
+    from pathlib import Path
+
+    from bench.capacity.guidellm import command, redact, summarize
+    from bench.serve.client import Target
+
+    report = json.loads((Path(__file__).parent / "fixtures" / "guidellm-0.8.1-report.json").read_text())
+    level = summarize(report)
+    assert (level["completed"], level["errored"], level["incomplete"]) == (2, 1, 2)
+    assert level["error_kinds"] == {"HTTP 503": 1}
+    assert level["output_tok_s"] == 12.8 and level["output_tokens_per_request"] == {"mean": 64.0}
+    assert level["ttft_ms"]["p50"] <= level["ttft_ms"]["p95"] and level["itl_ms"]["p95"] > 0
+    target = Target("ledgerlm", "http://127.0.0.1:8080", "m@1", {"chat": "llm_secret"})
+    argv = command(target, "chat", Path("/models/m"), 8, 45, Path("/tmp/out.json"))
+    assert "kind=openai_http,target=http://127.0.0.1:8080,model=m@1,api_key=llm_secret" in argv
+    assert "kind=concurrent,streams=8" in argv and "kind=max_duration,seconds=45" in argv
+    assert redact("key llm_secret leaked", target) == "key <api key> leaked"
