@@ -39,7 +39,7 @@ import psycopg
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from plumbing.kafka.clients import Kafka, make_consumer, partitions_of
+from plumbing.kafka.clients import LONG_POLL_MS, Kafka, make_consumer, pace_fetches, partitions_of
 from plumbing.telemetry.metrics import ProjectorMetrics
 from plumbing.telemetry.server import Readiness
 from projections.base import Projection
@@ -51,9 +51,12 @@ from schemas.envelope import Envelope
 log = logging.getLogger(__name__)
 
 # Projections are read models: a status or resume-buffer read may trail the log by this much, and in
-# exchange every commit carries a batch. (Live streams are served from the gateway's own view.)
+# exchange every commit carries a batch. (Live streams are served from the gateway's own view.) A poll that
+# brought nothing turns the consumer to long polls until records come: an idle projector asked the broker
+# four times a second for nothing.
 FETCH_GATHER_BYTES = 16 * 1024
 FETCH_GATHER_MS = 250
+GATHER = (FETCH_GATHER_BYTES, FETCH_GATHER_MS)
 
 Divert = Callable[[ConsumerRecord], Awaitable[Envelope | None]]
 
@@ -273,7 +276,7 @@ class Projector:
         # The broker holds a fetch until a few KB are there (or FETCH_GATHER_MS passed): under load a poll
         # brings a batch of many events, applied with one transaction, instead of a trickle of tiny ones.
         consumer = make_consumer(self.kafka, group_id=self.group_id, client_id="ledgerlm-projector",
-                                 fetch_min_bytes=FETCH_GATHER_BYTES, fetch_max_wait_ms=FETCH_GATHER_MS)
+                                 fetch_min_bytes=GATHER[0], fetch_max_wait_ms=GATHER[1])
         projector = self
 
         class SeekToStored(ConsumerRebalanceListener):
@@ -286,10 +289,13 @@ class Projector:
 
         consumer.subscribe(list(self.by_topic), listener=SeekToStored())
         await consumer.start()
-        last_lag = 0.0
+        last_lag, gathering = 0.0, True
         try:
             while not stop.is_set():
                 batches = await consumer.getmany(timeout_ms=1000, max_records=self.max_records)
+                if bool(batches) != gathering:  # quiet: a long poll the first event answers; then gather again
+                    gathering = bool(batches)
+                    pace_fetches(consumer, *(GATHER if gathering else (1, LONG_POLL_MS)))
                 if batches:
                     await self._apply_polled(consumer, batches)
                 if time.monotonic() - last_lag > lag_every_s and await self._report_lag(consumer):
@@ -358,7 +364,8 @@ def write_lag_metric(path: Path, lag: dict[str, int]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = ["# HELP ledgerlm_projection_lag_records Records in the log not yet applied by the projection.",
              "# TYPE ledgerlm_projection_lag_records gauge"]
-    lines += [f'ledgerlm_projection_lag_records{{projection="{name}"}} {behind}' for name, behind in sorted(lag.items())]
+    lines += [f'ledgerlm_projection_lag_records{{projection="{name}"}} {behind}'
+              for name, behind in sorted(lag.items())]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(path)

@@ -81,8 +81,13 @@ def summarize(report: dict) -> dict:
     errors = Counter(error_class(r) for r in requests.get("errored") or [])
     duration = benchmark.get("duration") or (metrics.get("request_end_time", 0) - metrics.get("request_start_time", 0))
     tokens = stat(metrics["output_token_count"], "total_sum") or 0
-    return {"completed": totals.get("successful", 0), "errored": totals.get("errored", 0),
-            "incomplete": totals.get("incomplete", 0), "error_kinds": dict(sorted(errors.items())),
+    completed, errored = totals.get("successful", 0), totals.get("errored", 0)
+    refused = {code: errors.get(f"HTTP {code}", 0) for code in (429, 503)}
+    return {"completed": completed, "errored": errored, "incomplete": totals.get("incomplete", 0),
+            "error_kinds": dict(sorted(errors.items())),
+            # the builtin client's terms, so that the capacity targets read either kind of level
+            "refused_429": refused[429], "refused_503": refused[503], "other": errored - sum(refused.values()),
+            "completed_fraction": round(completed / (completed + errored), 4) if completed + errored else None,
             "duration_s": round(duration, 2),
             "output_tok_s": round(tokens / duration, 2) if duration > 0 else None,
             "guidellm_output_tok_s_mean": rounded(stat(metrics["output_tokens_per_second"], "mean")),

@@ -32,7 +32,33 @@ def mix_plot(runs: dict[str, dict[str, dict]], mix: str, out: Path) -> Path:
     return _save(plt, fig, f"closed loop, mix {mix}: throughput and time to first token", out)
 
 
+def promise_plot(levels: list[dict], out: Path) -> Path:
+    """Observed / predicted wait of ledgerlm's interactive attempts (median and p95 bucket bounds) per level,
+    against the band the admission aims for (within 25 % at the median)."""
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    measured = [lv for lv in levels if (lv.get("interactive_wait_promise_ratio") or {}).get("n")]
+    for key, label in (("p50_le", "median"), ("p95_le", "p95")):
+        points = [(lv["concurrency"], lv["interactive_wait_promise_ratio"][key]) for lv in measured
+                  if lv["interactive_wait_promise_ratio"][key] is not None]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=f"observed / predicted, {label} (bucket bound)")
+    ax.axhspan(0.75, 1.25, alpha=0.15, label="within 25 %")
+    ax.set_xscale("log", base=2)
+    ticks = [lv["concurrency"] for lv in levels]
+    ax.set_xticks(ticks, [str(c) for c in ticks])
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel("observed / predicted wait")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return _save(plt, fig, "admission: the wait it predicted vs the wait the worker saw", out)
+
+
 def write_plots(runs: dict[str, dict[str, dict]], out_dir: Path) -> list[str]:
     out_dir.mkdir(parents=True, exist_ok=True)
     mixes = sorted({mix for by_mix in runs.values() for mix in by_mix})
-    return [str(mix_plot(runs, mix, out_dir / f"capacity_mix_{mix}.png")) for mix in mixes]
+    written = [str(mix_plot(runs, mix, out_dir / f"capacity_mix_{mix}.png")) for mix in mixes]
+    for mix, run in sorted(runs.get("ledgerlm", {}).items()):
+        if any((lv.get("interactive_wait_promise_ratio") or {}).get("n") for lv in run["levels"]):
+            written.append(str(promise_plot(run["levels"], out_dir / f"capacity_promise_mix_{mix}.png")))
+    return written

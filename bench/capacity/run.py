@@ -235,6 +235,8 @@ async def run_capacity_bench(model_dir: Path, config: CapacityConfig, workdir: P
         except Exception as exc:  # the servers' numbers are kept, with the reason the engine has none
             unavailable["engine"] = f"{type(exc).__name__}: {exc}"
         wall["engine"] = round(time.monotonic() - begun, 1)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "runs.json").write_text(json.dumps(runs, indent=1))  # kept should the report fail to assemble
     report = assemble(config, model_dir, runs, unavailable, load_start)
     if config.client == "guidellm":
         from bench.capacity.guidellm_targets import check_guidellm

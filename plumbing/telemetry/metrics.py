@@ -54,6 +54,9 @@ class GatewayMetrics:
                                   ["code"], registry=self.registry)
         self.early_refusals = Counter(f"{PREFIX}early_refusals", "503s answered by the gateway without a controller "
                                       "transaction: no live worker could take the request", registry=self.registry)
+        self.repeated_refusals = Counter(f"{PREFIX}repeated_capacity_refusals", "503 no_capacity answered by the "
+                                         "gateway while the controller's last one holds (a client that ignores "
+                                         "Retry-After)", registry=self.registry)
         self.admission_latency = Histogram(f"{PREFIX}admission_latency_seconds",
                                            "SubmitGeneration published -> controller decision received",
                                            buckets=ITL_BUCKETS, registry=self.registry)

@@ -301,6 +301,9 @@ def test_plots_write_one_png_per_mix(tmp_path):
     paths = write_plots(runs, tmp_path)
     assert [p.rsplit("/", 1)[1] for p in paths] == ["capacity_mix_a.png", "capacity_mix_b.png"]
     assert all((tmp_path / p.rsplit("/", 1)[1]).read_bytes().startswith(b"\x89PNG") for p in paths)
+    promised = [{**lv, "interactive_wait_promise_ratio": {"n": 4, "p50_le": 1.1, "p95_le": 3.0}} for lv in levels]
+    paths = write_plots({"ledgerlm": {"a": {"levels": promised}}}, tmp_path)  # where the promise was measured
+    assert [p.rsplit("/", 1)[1] for p in paths] == ["capacity_mix_a.png", "capacity_promise_mix_a.png"]
 
 
 def test_transformers_serve_gets_a_view_naming_the_architecture_a_gguf_import_lacks(tmp_path):

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 from aiokafka import ConsumerRecord, TopicPartition
 
+from plumbing.kafka.clients import LONG_POLL_MS
 from producers.gateway.streams.readers import BUSY_POLL_MS, BUSY_RECORDS, FetchPacing, PartitionReader
 
 TP = TopicPartition("llm.tokens", 0)
@@ -20,7 +21,7 @@ class FakeConsumer:
 
     def __init__(self, batches: list[int]) -> None:
         self.sizes, self.offset, self.timeouts = list(batches), 0, []
-        self._fetcher = SimpleNamespace(_fetch_min_bytes=1, _fetch_max_wait_ms=500)
+        self._fetcher = SimpleNamespace(_fetch_min_bytes=1, _fetch_max_wait_ms=LONG_POLL_MS)
 
     async def getmany(self, timeout_ms: int):
         self.timeouts.append(timeout_ms)
@@ -44,7 +45,7 @@ async def test_one_record_per_fetch_stays_on_long_polls():
     for _ in range(4):
         await reader.poll_once(timeout_ms=1000)
         assert reader.pacing.mode == "live"
-        assert reader.consumer._fetcher._fetch_max_wait_ms == 500 and reader.consumer._fetcher._fetch_min_bytes == 1
+        assert reader.consumer._fetcher._fetch_max_wait_ms == LONG_POLL_MS and reader.consumer._fetcher._fetch_min_bytes == 1
     assert delivered == [0, 1, 2] and reader.consumer.timeouts == [1000] * 4
 
 
@@ -57,7 +58,7 @@ async def test_a_flow_is_batched_and_goes_back_to_long_polls_at_its_first_thin_f
     await reader.poll_once(timeout_ms=1000)
     assert reader.pacing.mode == "busy"
     await reader.poll_once(timeout_ms=1000)
-    assert reader.pacing.mode == "live" and reader.consumer._fetcher._fetch_max_wait_ms == 500
+    assert reader.pacing.mode == "live" and reader.consumer._fetcher._fetch_max_wait_ms == LONG_POLL_MS
     await reader.poll_once(timeout_ms=1000)
     assert reader.consumer.timeouts == [1000, BUSY_POLL_MS, BUSY_POLL_MS, 1000]
     assert delivered == list(range(2 * BUSY_RECORDS + 4))
@@ -70,7 +71,7 @@ async def test_records_nobody_wants_are_fetched_in_large_batches():
     assert reader.pacing.mode == "idle" and reader.consumer._fetcher._fetch_max_wait_ms == FetchPacing.MODES["idle"][1]
     await reader.poll_once(timeout_ms=1000)  # the records stopped: long polls, not 20 empty fetches a second
     assert reader.pacing.mode == "quiet"
-    assert (reader.consumer._fetcher._fetch_min_bytes, reader.consumer._fetcher._fetch_max_wait_ms) == (1, 500)
+    assert (reader.consumer._fetcher._fetch_min_bytes, reader.consumer._fetcher._fetch_max_wait_ms) == (1, LONG_POLL_MS)
 
 
 async def test_a_party_that_subscribes_to_a_busy_unwanted_reader_is_paced_as_a_flow_at_once():

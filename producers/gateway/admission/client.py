@@ -18,6 +18,7 @@ from prometheus_client import Histogram
 from plumbing.kafka.clients import Kafka, make_consumer, make_producer, publish
 from plumbing.kafka.clients import partitions_of
 from plumbing.kafka.follower import partition_for
+from producers.gateway.admission.refusals import CapacityRefusals
 from schemas.codec import DecodeError, decode
 from schemas.commands import CancelGeneration, SubmitGeneration
 from schemas.replies import AdmissionDecision
@@ -37,6 +38,7 @@ class AdmissionClient:
         self.waiting: dict[str, asyncio.Future[AdmissionDecision]] = {}
         self._task: asyncio.Task | None = None
         self.latency = latency  # observes publish -> decision of every answered command
+        self.refusals = CapacityRefusals()  # the controller's last no_capacity, repeated for a moment
 
     @property
     def running(self) -> bool:
