@@ -1,7 +1,7 @@
 """Which attention path an engine runs (`EngineConfig.attention`), and the micro-benchmark behind `auto`.
 
 `auto` on a CPU is the gather path, by measurement (docs/engine.md, "Attention paths"): eager FlexAttention
-scores every slot of the pool and was 1.5-60x slower there. On CUDA it is flex, unless `time_paths` run once
+scores every slot of the pool and was 17-211x slower there. On CUDA it is flex, unless `time_paths` run once
 at engine start finds a decode step faster on the gather path, or flex fails there (a compile error).
 """
 from __future__ import annotations
