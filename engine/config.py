@@ -8,6 +8,7 @@ from engine.kv_sizing import MemoryPolicy
 
 Reservation = Literal["optimistic", "full"]
 DType = Literal["auto", "float32", "float64", "bfloat16", "float16"]
+Attention = Literal["auto", "gather", "flex"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,12 @@ class EngineConfig:
       `Engine.reserve` keeps free for sequences growing past their promise.
     * `tenant_weights` weights the fair queue by tokens served (default 1.0).
     * `device`/`dtype` "auto": CUDA + bfloat16 when available, else CPU float32.
+    * `attention` (engine.attention): "gather" copies each row's KV blocks out
+      of the pool for dense matmuls; "flex" runs FlexAttention over the pool in
+      place (compiled on CUDA, where it needs a power-of-two block size >= 16);
+      "auto" is gather on a CPU (measured faster there) and, on CUDA, flex unless
+      a decode step timed at engine start is faster on gather
+      (engine.attention_choice).
     * `expected_checksums`: the registered model version's file checksums; the
       directory's manifest must agree with them exactly.
     * `max_model_len`: defaults to the model's max_position_embeddings (or its
@@ -43,6 +50,7 @@ class EngineConfig:
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
     device: str = "auto"
     dtype: DType = "auto"
+    attention: Attention = "auto"
     expected_checksums: Mapping[str, str] | None = None
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
 
@@ -53,6 +61,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
         if self.reservation not in ("optimistic", "full"):
             raise ValueError(f"unknown reservation policy {self.reservation!r}")
+        if self.attention not in ("auto", "gather", "flex"):
+            raise ValueError(f"unknown attention path {self.attention!r}: choose auto, gather or flex")
         if not 0 <= self.free_block_watermark < 1:
             raise ValueError("free_block_watermark must be in [0, 1)")
         if any(w <= 0 for w in self.tenant_weights.values()):

@@ -26,6 +26,8 @@ from typing import Callable
 import torch
 
 from engine.artifacts.model_dir import ModelArtifacts, load_artifacts
+from engine.attention import AttentionShape
+from engine.attention_choice import choose_attention
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
@@ -91,7 +93,10 @@ class Engine:
                 f"the KV pool ({self.kv_size.how}) holds no block "
                 f"({self.config.block_size} tokens x {self.kv_spec.bytes_per_token} bytes)"
             )
-        model = LlamaModel(dims, weights, self.artifacts.inv_freq, self.artifacts.attention_scaling)
+        shape = AttentionShape(dims.num_heads, dims.num_kv_heads, dims.head_dim, self.config.block_size)
+        attention = choose_attention(self.config.attention, shape, dims.num_layers, self.kv_spec.num_blocks,
+                                     self.device, self.dtype)
+        model = LlamaModel(dims, weights, self.artifacts.inv_freq, self.artifacts.attention_scaling, attention)
         self.kv_pool = self.kv_spec.allocate(self.device)
         self.runner = ModelRunner(model, self.kv_pool, self.config.block_size, self.device)
         self.blocks = BlockManager(self.kv_spec.num_blocks, self.config.block_size, self.config.enable_prefix_cache)

@@ -5,7 +5,7 @@ tables), grouped-query attention, SwiGLU, optional QKV bias, optional
 per-head RMSNorm of q and k before RoPE (Qwen3). Tokens of all
 sequences in a step are packed into one flat batch (no padding): decode rows
 first, then prefill chunks. Projections run once over the whole batch;
-only attention is split by sequence.
+only attention is split by sequence (engine.attention).
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from engine.attention import AttentionPath
 
 
 @dataclass(frozen=True)
@@ -42,46 +44,13 @@ class ModelDims:
 
 
 @dataclass(frozen=True)
-class DecodeGroup:
-    """Rows [start, start+count) are one-token decodes with similar context lengths.
-
-    `block_tables` [count, W] lists each row's blocks (padded with block 0);
-    `bias` [count, W * block_size] is 0 for real positions and -inf for
-    padding. Rows are grouped by length so short contexts are not padded to
-    the longest one in the step.
-    """
-
-    start: int
-    count: int
-    block_tables: torch.Tensor
-    bias: torch.Tensor
-
-
-@dataclass(frozen=True)
-class PrefillChunk:
-    """Rows [start, start+length) of the batch: positions [pos0, pos0+length) of one sequence.
-
-    `context_blocks` lists the blocks holding positions [0, pos0+length) when
-    the chunk continues earlier context (prefix hit or an earlier chunk); None
-    when pos0 == 0, in which case attention uses the chunk's own keys directly.
-    """
-
-    start: int
-    length: int
-    pos0: int
-    context_blocks: torch.Tensor | None
-
-
-@dataclass(frozen=True)
 class ForwardBatch:
     """Tensors for one packed forward. See `ModelRunner.prepare`."""
 
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     slot_mapping: torch.Tensor  # [T] where each token's key/value is written
-    block_size: int
-    decode_groups: tuple[DecodeGroup, ...]
-    prefills: tuple[PrefillChunk, ...]
+    attention: object  # the attention path's plan for this step (engine.attention)
     logits_indices: torch.Tensor  # [S] rows whose next-token logits are needed
 
 
@@ -143,16 +112,17 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class LlamaModel:
     """Stateless forward over a `ForwardBatch`; the KV pool is passed in."""
 
-    def __init__(self, dims: ModelDims, weights: LlamaWeights, inv_freq: torch.Tensor, attention_scaling: float):
+    def __init__(self, dims: ModelDims, weights: LlamaWeights, inv_freq: torch.Tensor, attention_scaling: float,
+                 attention: AttentionPath):
         self.dims = dims
         self.w = weights
+        self.attention = attention
         dtype, device = weights.embed.dtype, weights.embed.device
         positions = torch.arange(dims.max_position_embeddings, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq.float()[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = (emb.cos() * attention_scaling).to(device=device, dtype=dtype)
         self.sin = (emb.sin() * attention_scaling).to(device=device, dtype=dtype)
-        self.scale = dims.head_dim**-0.5
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_pool: torch.Tensor) -> torch.Tensor:
@@ -175,51 +145,10 @@ class LlamaModel:
             k_pool, v_pool = kv_pool[i, 0], kv_pool[i, 1]  # [KVH, slots, D]
             k_pool.index_copy_(1, batch.slot_mapping, k.transpose(0, 1))
             v_pool.index_copy_(1, batch.slot_mapping, v.transpose(0, 1))
-            attn = self._attention(batch, q, k, v, k_pool, v_pool)
+            attn = self.attention.attend(batch.attention, q, k, v, k_pool, v_pool)
             x = x + F.linear(attn, layer["o"], layer["o_bias"])
             h = rms_norm(x, layer["post_norm"], d.rms_norm_eps)
             gate, up = F.linear(h, layer["gate_up"], layer["gate_up_bias"]).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer["down"], layer["down_bias"])
         x = rms_norm(x[batch.logits_indices], self.w.norm, d.rms_norm_eps)
         return F.linear(x, self.w.lm_head).float()
-
-    def _attention(self, batch: ForwardBatch, q, k, v, k_pool, v_pool) -> torch.Tensor:
-        d = self.dims
-        group = d.num_heads // d.num_kv_heads
-        kvh, hd, bs = d.num_kv_heads, d.head_dim, batch.block_size
-        # Block-granular view of the pool: gathering whole blocks (bs*D values
-        # each) copies far fewer, larger pieces than gathering single slots.
-        k_blocks = k_pool.view(kvh, -1, bs * hd)
-        v_blocks = v_pool.view(kvh, -1, bs * hd)
-        parts = []
-        for g in batch.decode_groups:
-            n, width = g.block_tables.shape
-            flat = g.block_tables.view(-1)
-            # [KVH, n, group, D] @ [KVH, n, D, C]: one batched matmul per group.
-            # The scale is folded into q (n*H*D values) rather than the scores.
-            qd = (q[g.start : g.start + n] * self.scale).view(n, kvh, group, hd).transpose(0, 1)
-            kd = k_blocks.index_select(1, flat).view(kvh, n, width * bs, hd)
-            scores = torch.matmul(qd, kd.transpose(-1, -2))
-            scores += g.bias[None, :, None, :]
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            vd = v_blocks.index_select(1, flat).view(kvh, n, width * bs, hd)
-            out = torch.matmul(probs, vd)  # [KVH, n, group, D]
-            parts.append(out.transpose(0, 1).reshape(n, d.q_size))
-        for chunk in batch.prefills:
-            rows = slice(chunk.start, chunk.start + chunk.length)
-            qp = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-            if chunk.context_blocks is None:
-                kp = k[rows].transpose(0, 1).unsqueeze(0)
-                vp = v[rows].transpose(0, 1).unsqueeze(0)
-                out = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=self.scale, enable_gqa=True)
-            else:
-                ctx = chunk.pos0 + chunk.length
-                kp = k_blocks[:, chunk.context_blocks].view(1, kvh, -1, hd)[:, :, :ctx]
-                vp = v_blocks[:, chunk.context_blocks].view(1, kvh, -1, hd)[:, :, :ctx]
-                # An additive float mask measured ~25% faster than a boolean one on CPU.
-                qpos = torch.arange(chunk.pos0, ctx, device=q.device)
-                hidden = torch.arange(ctx, device=q.device)[None, :] > qpos[:, None]
-                mask = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, float("-inf"))
-                out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=self.scale, enable_gqa=True)
-            parts.append(out[0].transpose(0, 1).reshape(chunk.length, d.q_size))
-        return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -10,22 +10,14 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.llama import DecodeGroup, ForwardBatch, LlamaModel, PrefillChunk
+from engine.attention import ChunkRows, DecodeRow
+from engine.llama import ForwardBatch, LlamaModel
 from engine.logits import process_logits
 from engine.logprobs import logprobs_of
 from engine.request import TokenLogprob
 from engine.sampler import Sampler
 from engine.sequence import Sequence
 from engine.step_values import SampledToken, ScheduledChunk, SchedulerOutput, StepResult
-
-# A decode row joins the current group while its context is at least this
-# fraction of the group's longest: bounds padding waste per row at 50%.
-_GROUP_FILL = 0.5
-# ...and while the group's padded context stays under this many tokens: the
-# gathered keys/values of one group then stay in the CPU cache between the
-# gather and the two matmuls that read them, instead of going through DRAM.
-GROUP_MAX_TOKENS = 4096
-
 
 @dataclass(frozen=True)
 class PromptRows:
@@ -135,9 +127,9 @@ class ModelRunner:
                 logits_rows.append(row)
                 sampling.append(seq)
             score(seq, pos, 1, row)
-        groups = self._decode_groups(decodes)
+        decode_rows = [DecodeRow(p.seq.block_table, p.chunk.start + 1) for p in decodes]
 
-        prefills = []
+        chunks = []
         for chunk in out.prefills:
             seq = seqs[chunk.request_id]
             pos0, n = chunk.start, chunk.num_tokens
@@ -146,10 +138,7 @@ class ModelRunner:
             positions.extend(range(pos0, pos0 + n))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(pos0, pos0 + n))
-            context_blocks = None
-            if pos0 > 0:
-                context_blocks = self._tensor(table[: -(-(pos0 + n) // bs)])
-            prefills.append(PrefillChunk(start, n, pos0, context_blocks))
+            chunks.append(ChunkRows(start, n, pos0, table))
             if chunk.samples:
                 logits_rows.append(start + n - 1)
                 sampling.append(seq)
@@ -159,41 +148,10 @@ class ModelRunner:
             input_ids=self._tensor(input_ids),
             positions=self._tensor(positions),
             slot_mapping=self._tensor(slots),
-            block_size=bs,
-            decode_groups=groups,
-            prefills=tuple(prefills),
+            attention=self.model.attention.plan(decode_rows, chunks),
             logits_indices=self._tensor(logits_rows + prompt_logits_rows),
         )
         return batch, sampling, prompt_rows
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
-
-    def _decode_groups(self, decodes: list[Planned]) -> tuple[DecodeGroup, ...]:
-        groups = []
-        start = 0
-        while start < len(decodes):
-            longest = decodes[start].chunk.start + 1
-            end = start + 1
-            cap = max(1, GROUP_MAX_TOKENS // longest)
-            while (
-                end < len(decodes)
-                and end - start < cap
-                and decodes[end].chunk.start + 1 >= _GROUP_FILL * longest
-            ):
-                end += 1
-            groups.append(self._decode_group(decodes, start, end, longest))
-            start = end
-        return tuple(groups)
-
-    def _decode_group(self, decodes: list[Planned], start: int, end: int, longest: int) -> DecodeGroup:
-        bs = self.block_size
-        width = -(-longest // bs)
-        # Padding entries point at block 0 (any valid block) and are masked to -inf.
-        tables = [p.seq.block_table[:width] + [0] * (width - min(len(p.seq.block_table), width))
-                  for p in decodes[start:end]]
-        contexts = torch.tensor([p.chunk.start + 1 for p in decodes[start:end]], device=self.device)
-        valid = torch.arange(width * bs, device=self.device)[None, :] < contexts[:, None]
-        bias = torch.zeros(valid.shape, dtype=self.model.cos.dtype, device=self.device)
-        bias.masked_fill_(~valid, float("-inf"))
-        return DecodeGroup(start, end - start, self._tensor(tables), bias)

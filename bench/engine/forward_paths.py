@@ -31,7 +31,7 @@ def _paged_attention(module, query, key, value, attention_mask, scaling=None, dr
     k_pool.index_copy_(1, batch.slot_mapping, k.transpose(0, 1))
     v_pool.index_copy_(1, batch.slot_mapping, v.transpose(0, 1))
     q = query[0].transpose(0, 1)  # [T, H, D]
-    out = model._attention(batch, q, k, v, k_pool, v_pool)  # [T, H*D]
+    out = model.attention.attend(batch.attention, q, k, v, k_pool, v_pool)  # [T, H*D]
     return out.view(1, out.shape[0], q.shape[1], q.shape[2]), None
 
 

@@ -32,22 +32,24 @@ def reference(model, prompt: list[int], max_tokens: int) -> tuple[list[int], flo
     return out.sequences[0, len(prompt):].tolist(), min(gaps)
 
 
-def engine_tokens(model_dir, prompts: list[list[int]], max_tokens: list[int], dtype: str) -> list[list[int]]:
-    engine = Engine(model_dir, EngineConfig(kv_cache_bytes=256 << 20, dtype=dtype, device="cpu"))
+def engine_tokens(model_dir, prompts: list[list[int]], max_tokens: list[int], dtype: str,
+                  attention: str) -> list[list[int]]:
+    engine = Engine(model_dir, EngineConfig(kv_cache_bytes=256 << 20, dtype=dtype, device="cpu", attention=attention))
     for i, (p, n) in enumerate(zip(prompts, max_tokens)):
         engine.add_request(make_request(f"g{i}", p, max_tokens=n, tenant="t", scope="s"))
     outputs = run_engine(engine)
     return [tokens_of(outputs[f"g{i}"]) for i in range(len(prompts))]
 
 
-def test_engine_matches_generate_on_the_golden_prompts_in_one_batch(smollm2_dir, golden):
+@pytest.mark.parametrize("attention", ["gather", "flex"])
+def test_engine_matches_generate_on_the_golden_prompts_in_one_batch(smollm2_dir, golden, attention):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     prompts = [tokenizer.apply_chat_template(g["messages"], add_generation_prompt=True, tokenize=True,
                                              return_dict=True)["input_ids"] for g in golden]
     limits = [g["maxOutputTokens"] for g in golden]
-    ours = engine_tokens(smollm2_dir, prompts, limits, "float32")  # all four in one continuous batch
+    ours = engine_tokens(smollm2_dir, prompts, limits, "float32", attention)  # all four in one continuous batch
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     mismatched = []
     for i, (p, n) in enumerate(zip(prompts, limits)):
@@ -58,7 +60,7 @@ def test_engine_matches_generate_on_the_golden_prompts_in_one_batch(smollm2_dir,
     if mismatched:  # near ties only: float64 on both sides decides
         model64 = model.double()
         ours64 = engine_tokens(smollm2_dir, [prompts[i] for i in mismatched], [limits[i] for i in mismatched],
-                               "float64")
+                               "float64", attention)
         for i, got in zip(mismatched, ours64):
             assert got == reference(model64, prompts[i], limits[i])[0], golden[i]["name"]
     capital = tokenizer.decode(ours[0], skip_special_tokens=True)
