@@ -27,6 +27,15 @@ def bandwidth_gb_s(ctx, device) -> tuple[float, str]:
     return measure_bandwidth(device)["gb_s"], "measured by the decode section"
 
 
+def check_not_failed(outputs) -> None:
+    """A failed step (its error class is in the engine's log) ends the row: its requests never decode."""
+    from engine.request import FinishReason
+
+    failed = [o.request_id for o in outputs if o.finish_reason is FinishReason.FAILED]
+    if failed:
+        raise RuntimeError(f"{len(failed)} requests failed in an engine step (see the engine's log for the error)")
+
+
 def warm_up(engine) -> None:
     """First-touch allocations and kernel selection, not measured."""
     from engine.request import EngineRequest, SamplingParams
@@ -34,7 +43,7 @@ def warm_up(engine) -> None:
     prompt = random_prompt(random.Random(0), 32, engine.artifacts.dims.vocab_size)
     engine.add_request(EngineRequest("warm", prompt, SamplingParams(max_tokens=4, ignore_eos=True)))
     while engine.has_unfinished():
-        engine.step()
+        check_not_failed(engine.step())
 
 
 def decode_row(engine, batch: int, context: int, steps: int, seed: int, bandwidth: float) -> dict:
@@ -50,7 +59,9 @@ def decode_row(engine, batch: int, context: int, steps: int, seed: int, bandwidt
     prefill_began = time.perf_counter()
     started: set[str] = set()
     while len(started) < batch:  # every prompt prefilled and its first token out: each row decodes from here on
-        started.update(o.request_id for o in engine.step() if o.new_token_ids)
+        outputs = engine.step()
+        started.update(o.request_id for o in outputs if o.new_token_ids)
+        check_not_failed(outputs)
     prefill_s = time.perf_counter() - prefill_began
     per_token = engine.kv_spec.bytes_per_token
     weights = weight_bytes_read_per_step(engine)

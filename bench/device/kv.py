@@ -75,7 +75,7 @@ def fill(ctx, source: ModelSource, cap_s: float) -> dict:
     engine = Engine(source.model_dir or "", config, artifacts=source.artifacts(dtype, device))
     spec, vocab = engine.kv_spec, engine.artifacts.dims.vocab_size
     prompt_len = min(256 if quick else 4096, engine.max_model_len // 2)
-    output_len = min(64 if quick else 256, engine.max_model_len - prompt_len)
+    output_len = min(64 if quick else 128, engine.max_model_len - prompt_len)
     count = min(config.max_num_seqs, -(-int(1.3 * spec.num_slots) // (prompt_len + output_len)))
     rng = random.Random(3)
     failures = StepFailures()

@@ -11,6 +11,7 @@ import random
 import statistics
 import time
 
+from bench.device.decode import check_not_failed
 from bench.device.engines import ModelSource, drain, random_prompt, release
 
 INTERLEAVED_BUDGET = 512  # EngineConfig's default max_num_batched_tokens: what a worker runs with
@@ -31,7 +32,7 @@ def prefill_alone(ctx, source: ModelSource, lengths: tuple[int, ...], reps: int)
                                              SamplingParams(max_tokens=1, ignore_eos=True)))
             began = time.perf_counter()
             while engine.has_unfinished():
-                engine.step()
+                check_not_failed(engine.step())
             times.append(time.perf_counter() - began)
         median = statistics.median(times[1:])
         rows.append({"prompt_tokens": fits, "asked": length, "reps": reps, "ttft_ms_p50": round(median * 1e3, 2),
@@ -62,6 +63,7 @@ def interleaved(ctx, source: ModelSource, decodes: int, length: int) -> dict:
     def step() -> list:
         outputs = engine.step()
         now = time.perf_counter()
+        check_not_failed(outputs)
         for out in outputs:
             if out.new_token_ids and out.request_id in seen:
                 seen[out.request_id].append(now)

@@ -148,3 +148,20 @@ def test_unknown_sections_are_refused(home, tmp_path, monkeypatch):
 
     with pytest.raises(CliError, match="unknown gpu"):
         config_of(Args())
+
+
+def test_attention_paths_are_read_from_the_engine_config_fields(monkeypatch):
+    import dataclasses
+
+    import engine.config
+    from bench.device.engines import ATTENTION_VALUES, attention_values
+
+    assert attention_values() == (("auto", "gather", "flex") if "attention" in
+                                  {f.name for f in dataclasses.fields(engine.config.EngineConfig)} else (None,))
+
+    @dataclasses.dataclass(frozen=True)
+    class WithAttention:
+        attention: str = "auto"
+
+    monkeypatch.setattr(engine.config, "EngineConfig", WithAttention)
+    assert attention_values() == ATTENTION_VALUES == ("auto", "gather", "flex")
