@@ -120,7 +120,7 @@ def decode_section(ctx) -> dict:
     bandwidth, source_of = bandwidth_gb_s(ctx, device)
     out: dict = {"bandwidth_gb_s": bandwidth, "bandwidth_from": source_of, "attention_values": attention_values(),
                  "models": []}
-    for source in (ModelSource.real(ctx.real), ModelSource.random(ctx.config.quick)):
+    for source in (ModelSource.real(ctx.real), ModelSource.random(ctx)):
         for attention in attention_values():
             if ctx.remaining_s() <= 0:
                 out.setdefault("cut", "budget")

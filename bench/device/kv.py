@@ -112,7 +112,7 @@ def fill(ctx, source: ModelSource, cap_s: float) -> dict:
 def kv_section(ctx) -> dict:
     device, _ = ctx.device_dtype()
     total = ctx.environment.get("total_bytes")
-    real, shaped = ModelSource.real(ctx.real), ModelSource.random(ctx.config.quick)
+    real, shaped = ModelSource.real(ctx.real), ModelSource.random(ctx)
     out: dict = {"chosen": [chosen(ctx, real, total), chosen(ctx, shaped, total)]}
     cap = max(5.0, min(ctx.remaining_s() - 5, 20.0 if ctx.config.quick else 120.0))
     try:

@@ -102,7 +102,7 @@ def prefill_section(ctx) -> dict:
     config = ctx.config
     reps = 2 if config.quick else 3
     out: dict = {"alone": [], "interleaved": []}
-    for source in (ModelSource.real(ctx.real), ModelSource.random(config.quick)):
+    for source in (ModelSource.real(ctx.real), ModelSource.random(ctx)):
         if ctx.remaining_s() <= 0:
             out["cut"] = "budget"
             break
