@@ -18,15 +18,15 @@ from bench.capacity.prompts import ChatPrompt
 from bench.serve.metrics import RequestRecord, distribution
 
 
-def load_engine_alone(model_dir: Path):
-    """The engine a worker started with default settings would run (device cpu, as the harness sets it)."""
+def load_engine_alone(model_dir: Path, device: str = "cpu"):
+    """The engine a worker started with default settings would run (on `device`, as the harness sets it)."""
     from consumers.worker.runtime import load_engine
     from plumbing.settings import Settings
     from producers.model_registry import describe
 
     from engine.request import EngineRequest, SamplingParams
 
-    engine = load_engine(Settings(worker_device="cpu"), describe(model_dir, "engine-alone@1"), str(model_dir))
+    engine = load_engine(Settings(worker_device=device), describe(model_dir, "engine-alone@1"), str(model_dir))
     # The first step pays first-touch allocations (seconds on CPU): not measured, as the HTTP servers' warm-up.
     engine.add_request(EngineRequest("warm-up", tuple(range(10, 138)), SamplingParams(max_tokens=4, ignore_eos=True)))
     while engine.has_unfinished():

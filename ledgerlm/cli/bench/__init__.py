@@ -9,6 +9,7 @@ from ledgerlm.cli.bench.audit import register_audit  # audit replay speed (issue
 from ledgerlm.cli.bench.batch import register_batch  # the batch tier's completion window (issue 26)
 from ledgerlm.cli.bench.capacity import register_capacity  # closed-loop capacity, default settings (issue 12)
 from ledgerlm.cli.bench.chaos import register_chaos  # faults under load (issue 7)
+from ledgerlm.cli.bench.device import register_device  # the prepared run for a lent accelerator (issue 29)
 from ledgerlm.cli.bench.efficiency import register_efficiency  # the platform vs its engine (issue 25)
 from ledgerlm.cli.bench.engine import register_engine
 from ledgerlm.cli.bench.intake import register_intake  # Kafka-native client API (issue 17)
@@ -18,7 +19,8 @@ from ledgerlm.cli.bench.serve import register_serve  # serving SLOs vs transform
 from ledgerlm.cli.bench.stream import register_stream  # streaming bridge (issue 6)
 
 BENCHES = (register_engine, register_projector, register_admission, register_stream, register_chaos, register_serve,
-           register_capacity, register_overhead, register_efficiency, register_batch, register_audit, register_intake)
+           register_capacity, register_overhead, register_efficiency, register_batch, register_audit, register_intake,
+           register_device)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
