@@ -150,18 +150,18 @@ def test_unknown_sections_are_refused(home, tmp_path, monkeypatch):
         config_of(Args())
 
 
-def test_attention_paths_are_read_from_the_engine_config_fields(monkeypatch):
+def test_every_attention_path_the_engine_offers_is_measured_and_none_when_it_offers_no_choice(monkeypatch):
     import dataclasses
 
     import engine.config
-    from bench.device.engines import ATTENTION_VALUES, attention_values
+    from bench.device.engines import attention_values
+    from engine.attention_choice import ATTENTION_PATHS
 
-    assert attention_values() == (("auto", "gather", "flex") if "attention" in
-                                  {f.name for f in dataclasses.fields(engine.config.EngineConfig)} else (None,))
+    assert attention_values() == ("gather", "flex") and set(attention_values()) < set(ATTENTION_PATHS)
 
     @dataclasses.dataclass(frozen=True)
-    class WithAttention:
-        attention: str = "auto"
+    class WithoutAttention:
+        block_size: int = 16
 
-    monkeypatch.setattr(engine.config, "EngineConfig", WithAttention)
-    assert attention_values() == ATTENTION_VALUES == ("auto", "gather", "flex")
+    monkeypatch.setattr(engine.config, "EngineConfig", WithoutAttention)
+    assert attention_values() == (None,)

@@ -5,6 +5,7 @@ same rules and answer the same statuses.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -64,7 +65,7 @@ async def submit_generation(gateway: "Gateway", principal: Principal, body: Gene
                             prompt: EffectivePrompt, started: float) -> AdmissionDecision:
     """The admitting decision (201 new, 200 existing); ApiError for every other answer or none in time."""
     admission, settings = gateway.admission, gateway.settings
-    repeat_capacity_refusal(gateway, principal, body)
+    await repeat_capacity_refusal(gateway, principal, body)
     await refuse_without_workers(gateway, principal, body, prompt)
     command = submit_command(admission, settings.controller_group, principal.tenant_id, body, prompt,
                              stream_share=gateway.bridge.tail.share())
@@ -77,19 +78,24 @@ async def submit_generation(gateway: "Gateway", principal: Principal, body: Gene
              principal.tenant_id, body.request_id, decision.http_status, len(prompt.token_ids),
              (time.perf_counter() - started) * 1000, *timing)
     if decision.http_status not in (200, 201):
-        admission.refusals.observe(body.model, body.tier, decision.error_code, decision.retry_after_ms)
+        tarpit_s = admission.refusals.observe(body.model, body.tier, decision.error_code, decision.retry_after_ms)
+        if tarpit_s:
+            await asyncio.sleep(tarpit_s)  # a client that resends at once asks twice a second at most
         raise decision_error(decision)
     admission.refusals.admitted(body.model, body.tier)
     return decision
 
 
-def repeat_capacity_refusal(gateway: "Gateway", principal: Principal, body: GenerationRequest) -> None:
-    """503 at once while the controller's last no_capacity for this model and tier holds (admission/refusals.py);
-    a request the bridge knows (a repeat of an admitted one) still goes to the controller for its 200."""
-    held_ms = gateway.admission.refusals.retry_after_ms(body.model, body.tier)
-    if held_ms is None or gateway.bridge.knows_request(principal.tenant_id, body.request_id):
+async def repeat_capacity_refusal(gateway: "Gateway", principal: Principal, body: GenerationRequest) -> None:
+    """While the controller's last no_capacity for this model and tier holds (admission/refusals.py): wait it
+    out and answer 503, asking nobody. A request the bridge knows (a repeat of an admitted one) still goes to
+    the controller for its 200."""
+    held = gateway.admission.refusals.held(body.model, body.tier)
+    if held is None or gateway.bridge.knows_request(principal.tenant_id, body.request_id):
         return
+    wait_s, retry_after_ms = held
     gateway.metrics.repeated_refusals.inc()
+    await asyncio.sleep(wait_s)
     raise ApiError(503, "no_capacity", f"no ready worker with {body.model} whose predicted wait fits the "
                    f"{body.tier} allowance (the controller's answer of a moment ago)",
-                   {"requestId": body.request_id}, held_ms)
+                   {"requestId": body.request_id}, retry_after_ms)
