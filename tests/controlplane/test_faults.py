@@ -81,7 +81,8 @@ async def test_controller_kill9_and_restart_loses_and_repeats_no_decision(
 
     request_b = body(model=versions["served"], maxOutputTokens=4)
     pending_b = asyncio.create_task(gateway.post("/v1/generations", headers=tenant.headers, json=request_b))
-    await asyncio.sleep(0.3)
+    # B's command is out, its decision awaited, before the controller starts again
+    await wait_until(lambda: awaiting_decision(gateway), 10, step_s=0.01, what="B's command awaiting a decision")
     mark = controller.log_size()
     controller.start()
     await controller.wait_for_log("controller owns partitions", 60, after=mark)
@@ -138,3 +139,8 @@ async def test_worker_that_cannot_heartbeat_fences_itself_and_writes_nothing_mor
             assert types[-1] == "Interrupted" and not {"Canceled", "Expired"} & set(types)
     assert interrupted >= 1 and running
     assert fenced_after >= lease_s - 0.5  # it kept serving until its lease was really gone
+
+
+def awaiting_decision(gateway) -> bool:
+    """The gateway's admission client has published a command and waits for its decision."""
+    return bool(gateway.gateway.admission.waiting)
