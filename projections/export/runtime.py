@@ -43,6 +43,7 @@ TERMINAL_HEADERS = frozenset(name.encode() for name in TERMINAL_TYPES)
 # While the projector trails the exporter, the held-back records are read again after this: the projector
 # commits a poll at most every 250 ms (projections/runtime.py), so asking sooner finds nothing new.
 PROJECTOR_WAIT_S = 0.25
+EXPORT_POLL_MS = 500
 
 
 @dataclass
@@ -186,7 +187,10 @@ class Exporter:
     # -- the role ------------------------------------------------------------
     async def run(self, stop: asyncio.Event, lag_every_s: float = 10.0) -> ExporterStats:
         """Export as a member of the sink's consumer group until `stop` is set."""
-        consumer = make_consumer(self.kafka, group_id=self.group_id, client_id=f"ledgerlm-export-{self.sink.name}")
+        # It seeks back over what the projector has not committed yet, and a seek waits for the fetch in flight:
+        # its long polls stay short (the shared 2 s made every hold-back cost up to 2 s).
+        consumer = make_consumer(self.kafka, group_id=self.group_id, client_id=f"ledgerlm-export-{self.sink.name}",
+                                 fetch_max_wait_ms=EXPORT_POLL_MS)
         exporter = self
 
         class SeekToStored(ConsumerRebalanceListener):
