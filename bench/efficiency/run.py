@@ -25,6 +25,7 @@ from bench.capacity.client import MIXES, closed_loop
 from bench.capacity.metrics import client_summary
 from bench.capacity.run import CapacityConfig, Prompts, default_tenant, platform_settings, run_engine, warm
 from bench.common import free_port
+from bench.efficiency.engine_timing import sample_timing, stall_share
 from bench.efficiency.kafka_rates import KafkaRequestScraper, request_rates
 from bench.overhead.run import load_average, sampler_for, service_pids
 from bench.proc_cpu import CpuSampler, cpu_seconds
@@ -108,8 +109,9 @@ async def platform_levels(model_dir: Path, prompts: Prompts, config: EfficiencyC
         scraper = KafkaRequestScraper(role_metrics_urls(platform, settings))
         await warm(platform.target, prompts(MIX, 0))
         idle_before = await idle_phase(sampler, scraper, config.idle_s)
-        levels = []
+        levels, worker_url = [], role_metrics_urls(platform, settings)["worker"]
         for concurrency in config.levels:
+            timing = await sample_timing(worker_url)
             load, requests, before, began = load_average(), await scraper.sample(), sampler.sample(), time.monotonic()
             _, records = await closed_loop(platform.target, prompts(MIX, concurrency), MIXES[MIX], concurrency,
                                            config.duration_s, config.drain_s)
@@ -119,7 +121,8 @@ async def platform_levels(model_dir: Path, prompts: Prompts, config: EfficiencyC
             levels.append({"concurrency": concurrency, "load_avg_at_start": load, "load_avg_at_end": load_average(),
                            "wall_s": round(wall_s, 2), "output_tokens": sum(r.output_tokens for r in records),
                            **client_summary(records, config.duration_s), "cpu_s": cpu,
-                           "kafka_requests_per_s": rates})
+                           "kafka_requests_per_s": rates,
+                           "engine_thread": stall_share(timing, await sample_timing(worker_url))})
         idle_after = await idle_phase(sampler, scraper, config.idle_s)
     # The lower idle burn of the two is what is subtracted: the broker's JIT can still be warming up before the
     # load, and an inflated idle would hide what the load cost.
@@ -146,7 +149,8 @@ def compare(platform: list[dict], engine: list[dict]) -> list[dict]:
                      "platform_ttft_ms": level["ttft_ms"], "engine_ttft_ms": other.get("ttft_ms"),
                      "errors": {k: level[k] for k in ("refused_429", "refused_503", "other")},
                      "kafka_requests_per_s": level.get("kafka_requests_per_s"),
-                     "outside_engine_ms_per_output_token": level["outside_engine_ms_per_output_token"]})
+                     "outside_engine_ms_per_output_token": level["outside_engine_ms_per_output_token"],
+                     "engine_stalled_share": (level.get("engine_thread") or {}).get("stalled_share")})
     return rows
 
 

@@ -69,12 +69,19 @@ class Decider(HeldWork):
         rest is its own prefill). (Batch work is routed by `batch_dispatch_wait_ms`, or held.)"""
         return self.settings.interactive_queue_allowance_ms / 1000 * self.settings.interactive_queue_fraction
 
-    def capacity_retry_ms(self, candidates: dict[str, int], demand: Demand, now: datetime) -> int:
-        """Retry-After of a 503 no_capacity: when the best worker's predicted wait would fit again."""
+    def capacity_refusal(self, cmd: SubmitGeneration, candidates: dict[str, int], demand: Demand,
+                         now: datetime) -> AdmissionDecision:
+        """503 no_capacity, saying the best predicted wait; Retry-After is when that wait would fit again."""
         wait_s = self.versions.shortest_wait_s(candidates, demand, now.timestamp())
+        allowance_s = self.queue_allowance_s()
         if wait_s is None:
-            return self.jittered_ms(self.settings.retry_after_ms)
-        return self.jittered_ms(int(min(max(wait_s - self.queue_allowance_s(), 0.25), 60.0) * 1000))
+            retry_ms, why = self.jittered_ms(self.settings.retry_after_ms), "no ready worker"
+        else:
+            retry_ms = self.jittered_ms(int(min(max(wait_s - allowance_s, 0.25), 60.0) * 1000))
+            why = f"the shortest predicted wait, {wait_s:.2f} s, exceeds the {allowance_s:.2f} s queue allowance"
+        return self.reply(cmd, "rejected", 503, request_id=cmd.request_id, error_code="no_capacity",
+                          reason=f"{why} of {cmd.tier} work for {describe(cmd.model_version, candidates)}",
+                          retry_after_ms=retry_ms)
 
     def deadline(self, now: datetime) -> datetime:
         """By when an interactive attempt must have started on its worker."""
@@ -148,11 +155,7 @@ class Decider(HeldWork):
             return self.submit_batch(state, tenant, limits, cmd, reserved, candidates, demand, now)
         routed = self.versions.route(candidates, demand, self.queue_allowance_s(), now.timestamp())
         if routed is None:
-            return Effects(replies=[self.reply(
-                cmd, "rejected", 503, request_id=cmd.request_id, error_code="no_capacity",
-                reason=f"no ready worker with {describe(cmd.model_version, candidates)} whose predicted wait fits "
-                       f"the {cmd.tier} allowance",
-                retry_after_ms=self.capacity_retry_ms(candidates, demand, now))])
+            return Effects(replies=[self.capacity_refusal(cmd, candidates, demand, now)])
         version, choice = routed
         queued = choice.waits_for_kv
         if queued and tenant.queued_tokens + reserved > limits.max_queued_tokens:

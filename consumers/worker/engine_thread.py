@@ -42,6 +42,22 @@ def name_native_thread(name: str) -> None:
         pass
 
 
+class EngineTiming:
+    """Cumulative wall time of the engine thread: `step_s` inside steps, `stalled_s` between two steps while
+    work was unfinished (the gap after a step that left nothing to do is idleness, not a stall)."""
+
+    def __init__(self) -> None:
+        self.step_s = 0.0
+        self.stalled_s = 0.0
+        self._busy_since: float | None = None  # end of the last step, when it left work unfinished
+
+    def stepped(self, started: float, ended: float, still_busy: bool) -> None:
+        if self._busy_since is not None:
+            self.stalled_s += started - self._busy_since
+        self.step_s += ended - started
+        self._busy_since = ended if still_busy else None
+
+
 class EngineStopped(RuntimeError):
     """The engine thread is gone: the worker must say so and exit."""
 
@@ -63,6 +79,9 @@ class EngineThread:
         # How long a step that runs prefill takes (smoothed): queued prompts are served up to the per-step
         # token budget at a time, so ceil(queued / budget) such steps predict their wait.
         self.prefill_step_s: float | None = None
+        # Wall seconds inside step(), and seconds with unfinished work but not inside a step (applying orders,
+        # handing outputs over, waiting for the interpreter): how much the worker's other threads cost the engine.
+        self.timing = EngineTiming()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> None:
@@ -127,8 +146,10 @@ class EngineThread:
             started, tokens_before = time.perf_counter(), self.engine.num_computed_tokens_total
             prefill_before = self.engine.num_prefill_tokens_total
             outputs = self.engine.step()  # a failing step fails its requests, not the thread
+            ended = time.perf_counter()
+            self.timing.stepped(started, ended, still_busy=self.engine.has_unfinished())
             if self.engine.num_prefill_tokens_total > prefill_before:
-                self._measure(self.engine.num_computed_tokens_total - tokens_before, time.perf_counter() - started)
+                self._measure(self.engine.num_computed_tokens_total - tokens_before, ended - started)
             self.stats = self.engine.stats()
             if outputs:
                 self.deliver(outputs)

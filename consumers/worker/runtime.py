@@ -84,7 +84,8 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
         self.waiting = WaitingQueue()  # accepted attempts waiting for KV room
         self._failure: BaseException | None = None
         self.metrics = WorkerMetrics(lambda: self._thread.stats if self._thread else None,
-                                     lambda: self.reserved_blocks, lambda: self.block_size)
+                                     lambda: self.reserved_blocks, lambda: self.block_size,
+                                     lambda: self._thread.timing if self._thread else None)
         self.http = RoleServer("worker", self.metrics.registry, self.readiness, settings.metrics_host,
                                settings.worker_metrics_port)
 

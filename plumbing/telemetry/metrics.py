@@ -132,9 +132,26 @@ class EngineStatsCollector(Collector):
                                   "billed)", value=stats.num_recomputed_tokens)
 
 
+class EngineTimingCollector(Collector):
+    """The engine thread's wall seconds inside steps and stalled between them (`EngineTiming`)."""
+
+    def __init__(self, timing: Callable[[], object | None]) -> None:
+        self.timing = timing
+
+    def collect(self) -> Iterator[Metric]:
+        timing = self.timing()
+        if timing is None:
+            return
+        yield CounterMetricFamily(f"{PREFIX}engine_step_seconds", "Wall seconds the engine thread spent in steps",
+                                  value=timing.step_s)
+        yield CounterMetricFamily(f"{PREFIX}engine_stalled_seconds", "Wall seconds the engine thread had unfinished "
+                                  "work and was not stepping", value=timing.stalled_s)
+
+
 class WorkerMetrics:
     def __init__(self, stats: Callable[[], EngineSnapshot | None], reserved_blocks: Callable[[], int],
-                 block_size: Callable[[], int] = lambda: 16) -> None:
+                 block_size: Callable[[], int] = lambda: 16, timing: Callable[[], object | None] = lambda: None,
+                 ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttft = Histogram(f"{PREFIX}time_to_first_token_seconds", "Admission -> first output token",
@@ -161,6 +178,7 @@ class WorkerMetrics:
         self.refused = Counter(f"{PREFIX}attempts_refused", "Attempts refused by this worker", ["reason"],
                                registry=r)
         r.register(EngineStatsCollector(stats, reserved_blocks, block_size))
+        r.register(EngineTimingCollector(timing))
 
     def served(self, tenant: str, prompt_tokens: int, output_tokens: int) -> None:
         if prompt_tokens:

@@ -272,12 +272,18 @@ def test_interactive_request_beyond_the_predicted_wait_is_503_with_a_retry_after
 
 def test_queued_prompts_are_predicted_in_prefill_steps_of_the_token_budget(world):
     decider, registry, state = world
-    # 300 queued prompt tokens fit one 512-token step of 400 ms: 0.4 s, within the 1 s share.
-    registry.observe(heartbeat("w1", queued_tokens=300, tokens_per_s=50.0, prefill_step_ms=400.0,
-                               max_batched_tokens=512, reservation="optimistic", headroom_tokens=32))
-    assert decider.submit(state, submit("one-step", max_output=60), NOW).replies[0].http_status == 201
-    # 1,100 need three such steps: 1.2 s -> 503, retry once 0.2 s of it has passed (at least 0.25 s).
-    registry.observe(heartbeat("w1", queued_tokens=1100, tokens_per_s=50.0, prefill_step_ms=400.0,
+    # 300 queued prompt tokens leave room in the next 512-token step: this prefill starts beside them, no step
+    # waited; 1,100 fill two whole steps of 400 ms first: 0.8 s, still within the 1 s share.
+    for queued, request_id in ((300, "same-step"), (1100, "two-steps")):
+        registry.observe(heartbeat("w1", queued_tokens=queued, tokens_per_s=50.0, prefill_step_ms=400.0,
+                                   max_batched_tokens=512, reservation="optimistic", headroom_tokens=32))
+        decision = decider.submit(state, submit(request_id, max_output=60), NOW)
+        assert decision.replies[0].http_status == 201
+        (start,) = [e for e in decision.dispatch if e.type == "StartAttempt"]
+        assert start.model_wait_ms == (0 if queued == 300 else 800)
+    # 1,600 (with the two just dispatched, not yet in a heartbeat: 1,856) are three whole steps: 1.2 s -> 503,
+    # retry once 0.2 s of it has passed (at least 0.25 s).
+    registry.observe(heartbeat("w1", queued_tokens=1600, tokens_per_s=50.0, prefill_step_ms=400.0,
                                max_batched_tokens=512, reservation="optimistic", headroom_tokens=32,
                                at=NOW + timedelta(seconds=1)))
     refused = decider.submit(state, submit("three-steps", max_output=60), NOW + timedelta(seconds=1)).replies[0]
