@@ -83,8 +83,10 @@ def build_fleet(instances: int, model: str, plane: str, env: dict[str, str], log
     return Fleet(roles, ports, new_worker)
 
 
-async def wait_started(fleet: Fleet, timeout_s: float = 180) -> None:
-    """Every controller owns partitions (the last one to join settles the split) and every worker is ready."""
+async def wait_started(fleet: Fleet, timeout_s: float = 300) -> None:
+    """Every controller owns partitions (the last one to join settles the split) and every worker is ready.
+    A deadline, not a wait: with CPU hogs beside the suite, workers of the stress run logged nothing for 180 s
+    while importing torch and loading their model."""
     waits = [fleet.roles[n].wait_for_log("controller owns partitions", timeout_s) for n in fleet.named("controller")]
     waits += [fleet.roles[n].wait_for_log("worker ready", timeout_s) for n in fleet.named("worker")]
     await asyncio.gather(*waits)
