@@ -23,6 +23,8 @@ DEFINITIONS = {
     "abandoned_refused": "requests whose last attempt was refused and whose Retry-After fell after the window",
     "output_tok_s": "output tokens whose chunk arrived within the window (duration_s) / duration_s; a chunk's "
                     "tokens are the usage's count spread over the request's chunks",
+    "completed_output_tok_s": "output tokens of the attempts that completed within the window / duration_s "
+                              "(guidellm's accounting: a request cut at the end counts nothing)",
     "ttft": "attempt sent -> first chunk with content, completed attempts (retry waits not included)",
     "itl": "per completed request: (last content chunk - first) / (output tokens - 1), i.e. the mean gap between "
            "tokens (a chunk may carry several tokens), as the serve bench",
@@ -91,11 +93,20 @@ def client_summary(records: Sequence[RequestRecord], window_s: float) -> dict:
     outputs = [r.output_tokens for r in completed]
     return {**attempt_counts(records), **requests_view(records),
             "output_tokens_in_window": tokens, "output_tok_s": round(tokens / window_s, 2) if window_s > 0 else None,
+            "completed_output_tok_s": completed_tok_s(completed, window_s),
             "ttft_ms": distribution(r.ttft for r in completed), "itl_ms": distribution(r.itl for r in completed),
             "output_tokens_per_request": {"mean": round(sum(outputs) / len(outputs), 1) if outputs else None,
                                           "max": max(outputs, default=None)},
             "prompt_tokens_mean": mean([r.prompt_tokens for r in completed if r.prompt_tokens is not None]),
             "finish_reasons": dict(sorted(Counter(r.end_reason for r in completed).items()))}
+
+
+def completed_tok_s(completed: Sequence[RequestRecord], window_s: float) -> float | None:
+    """Output tokens of the attempts that ended within the window, over it: how guidellm counts its tok/s."""
+    if window_s <= 0:
+        return None
+    tokens = sum(r.output_tokens or 0 for r in completed if r.done_at is not None and r.done_at <= window_s)
+    return round(tokens / window_s, 2)
 
 
 def mean(values: Sequence[float]) -> float | None:

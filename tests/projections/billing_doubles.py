@@ -131,7 +131,7 @@ class RecordingProxy:
     def __init__(self, upstream: str) -> None:
         import httpx
 
-        self.upstream = httpx.Client(base_url=upstream)
+        self.upstream = httpx.Client(base_url=upstream, timeout=30.0)  # as the sinks: a loaded machine is slow
         self.exchanges: list[tuple[str, dict[str, str], str | None, int]] = []
         proxy = self
 

@@ -96,7 +96,7 @@ async def running(exporter: Exporter):
         await asyncio.wait_for(task, 30)
 
 
-async def export_until_caught_up(exporter: Exporter, conn: psycopg.Connection, timeout_s: float = 60) -> None:
+async def export_until_caught_up(exporter: Exporter, conn: psycopg.Connection, timeout_s: float = 120) -> None:
     # the exporter holds back what the lifecycle projection has not committed, and the log may grow meanwhile
     # (another test's roles finishing their work): caught up means through what is projected now
     ends = ledger.projected_through(conn)
