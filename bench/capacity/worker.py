@@ -3,7 +3,8 @@
     /metrics      kv_blocks_used / free / reserved, num_requests_running / waiting, every counter whose name
                   has "preempt" or "recompute" in it (read by pattern: their names are still settling), the
                   request_queue_time_seconds histogram and, for interactive attempts, queue_wait_promise_ratio
-                  (observed / predicted wait before the first scheduling: how the admission kept its promise)
+                  (observed / predicted wait before the first scheduling) and ttft_promise_ratio (observed /
+                  predicted decision to first token): how the admission kept its promise
     heartbeats    queued tokens and running attempts (HeartbeatSampler of the serving bench)
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ GAUGES = {"kv_blocks_used": "used", "kv_blocks_free": "free", "kv_blocks_reserve
 PREEMPTION_WORDS = ("preempt", "recompute")
 QUEUE_TIME = "request_queue_time_seconds"
 PROMISE = "queue_wait_promise_ratio"
+TTFT_PROMISE = "ttft_promise_ratio"
 
 
 def parse_worker_metrics(text: str) -> dict:
@@ -29,7 +31,7 @@ def parse_worker_metrics(text: str) -> dict:
     queue-time histogram (`queue_buckets` upper bound -> cumulative count, `queue_sum`, `queue_count`)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    sample: dict = {"counters": {}, "queue_buckets": {}, "promise_buckets": {}}
+    sample: dict = {"counters": {}, "queue_buckets": {}, "promise_buckets": {}, "ttft_promise_buckets": {}}
     for family in text_string_to_metric_families(text):
         for name, labels, value in ((s.name, s.labels, s.value) for s in family.samples):
             short = name.removeprefix(PREFIX)
@@ -45,6 +47,8 @@ def parse_worker_metrics(text: str) -> dict:
                 sample["queue_count"] = value
             elif short == f"{PROMISE}_bucket" and labels.get("tier") == "interactive":
                 sample["promise_buckets"][float(labels["le"])] = value
+            elif short == f"{TTFT_PROMISE}_bucket" and labels.get("tier") == "interactive":
+                sample["ttft_promise_buckets"][float(labels["le"])] = value
     return sample
 
 
@@ -74,13 +78,14 @@ def scrape_summary(samples: Sequence[dict], t0: float, t1: float) -> dict:
     return {**kv_usage(inside), "preemptions": preemptions(increase), "preemption_counters": increase or None,
             "engine_waiting_peak": max(waiting), "queue_time": queue,
             "interactive_wait_promise_ratio": promise_summary(first, last),
+            "interactive_ttft_promise_ratio": promise_summary(first, last, "ttft_promise_buckets"),
             **({} if increase else {"worker_metrics_note": "the worker exposes no preemption counter"})}
 
 
-def promise_summary(first: dict, last: dict) -> dict:
-    """Observed / predicted wait of the interactive attempts first scheduled between two scrapes: the bucket
-    bounds of its median and p95 (the histogram's buckets are 0.25 ... 10)."""
-    n, (p50, p95) = gained_bounds(first.get("promise_buckets", {}), last.get("promise_buckets", {}), (0.5, 0.95))
+def promise_summary(first: dict, last: dict, buckets: str = "promise_buckets") -> dict:
+    """Observed / predicted wait (or TTFT) of the interactive attempts first scheduled (or with a first token)
+    between two scrapes: the bucket bounds of its median and p95 (the histogram's buckets are 0.25 ... 10)."""
+    n, (p50, p95) = gained_bounds(first.get(buckets, {}), last.get(buckets, {}), (0.5, 0.95))
     return {"n": n, "p50_le": p50, "p95_le": p95}
 
 

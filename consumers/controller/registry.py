@@ -56,20 +56,25 @@ class Demand:
 
 @dataclass(frozen=True)
 class WorkerChoice:
-    """A worker for an attempt. `queue_s` is the predicted wait before its prefill starts; `waits_for_kv`
-    says the worker lacks the blocks now and will queue the attempt until running work frees them."""
+    """A worker for an attempt. `queue_s` is the predicted wait before its prefill starts, `prefill_s` the
+    steps its own prompt then takes (its first token comes out of the last): together the predicted TTFT as
+    the worker sees it. `waits_for_kv` says the worker lacks the blocks now and will queue the attempt until
+    running work frees them."""
 
     worker_id: str
     room_tokens: int
     queue_s: float
     waits_for_kv: bool = False
     model_queue_s: float | None = None  # the queue model's own prediction, before the worker's reported error
+    prefill_s: float = 0.0
 
     @property
     def promise(self) -> dict[str, int | None]:
-        """The StartAttempt fields that carry the wait it was routed with, for the worker to measure against."""
+        """The StartAttempt fields that carry the wait and TTFT it was routed with, for the worker to measure
+        against."""
         return {"predicted_wait_ms": round(self.queue_s * 1000),
-                "model_wait_ms": None if self.model_queue_s is None else round(self.model_queue_s * 1000)}
+                "model_wait_ms": None if self.model_queue_s is None else round(self.model_queue_s * 1000),
+                "predicted_ttft_ms": round((self.queue_s + self.prefill_s) * 1000)}
 
 
 @dataclass(frozen=True)
@@ -212,6 +217,15 @@ class WorkerRegistry:
         return prefill_s + deficit / rate, deficit > 0
 
     @staticmethod
+    def own_prefill_s(view: WorkerView, demand: Demand, decode_tokens_per_s: float) -> float:
+        """The prefill steps of the attempt's own prompt once it starts, ceil(prompt / budget) of the measured
+        length (a worker that has not measured yet: the prompt at `decode_tokens_per_s`)."""
+        hb = view.heartbeat
+        if hb.prefill_step_ms and hb.max_batched_tokens:
+            return -(-demand.prompt_tokens // hb.max_batched_tokens) * hb.prefill_step_ms / 1000
+        return demand.prompt_tokens / (hb.tokens_per_s or decode_tokens_per_s)
+
+    @staticmethod
     def calibrated_s(view: WorkerView, demand: Demand, model_s: float) -> float:
         """The model's wait plus what it missed on this worker lately (heartbeat `wait_error_ms`, measured on
         interactive attempts: batch work waits behind every prompt and is not promised a latency)."""
@@ -241,7 +255,8 @@ class WorkerRegistry:
             queue_s = self.calibrated_s(view, demand, model_s)
             if queue_s > allowance_s or (waits and not may_wait):
                 continue
-            choice = WorkerChoice(worker_id, view.room_tokens, queue_s, waits, model_s)
+            choice = WorkerChoice(worker_id, view.room_tokens, queue_s, waits, model_s,
+                                  self.own_prefill_s(view, demand, decode_tokens_per_s))
             if best is None or (choice.queue_s, -choice.room_tokens) < (best.queue_s, -best.room_tokens):
                 best = choice
         return best

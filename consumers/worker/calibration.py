@@ -3,6 +3,8 @@
     StartAttempt.predicted_wait_ms   the promise: the wait before its prefill starts, as routed (calibrated)
     StartAttempt.model_wait_ms       the same from the queue model alone (uncorrected)
     observed                         decided (occurred_at) ─▶ accepted here ─▶ first scheduled by the engine
+    StartAttempt.predicted_ttft_ms   the promise as a client sees it: that wait plus its own prefill steps,
+                                     observed as decided ─▶ first token (the TTFT promise ratio)
 
 The worker keeps the recent errors `observed - model` of interactive attempts and reports their median as
 `WorkerHeartbeat.wait_error_ms`; the controller adds it to the model's prediction. The error is measured
@@ -38,6 +40,13 @@ class WaitCalibration:
 
 def promise_ratio(order: StartAttempt, observed_s: float) -> float | None:
     """observed / promised wait; a promise under 10 ms counts as 10 ms (an idle worker promises 0)."""
-    if order.predicted_wait_ms is None:
-        return None
-    return observed_s / max(order.predicted_wait_ms / 1000, 0.01)
+    return ratio(observed_s, order.predicted_wait_ms)
+
+
+def ttft_promise_ratio(order: StartAttempt, observed_s: float) -> float | None:
+    """observed / promised time from the decision to the first token."""
+    return ratio(observed_s, order.predicted_ttft_ms)
+
+
+def ratio(observed_s: float, promised_ms: int | None) -> float | None:
+    return None if promised_ms is None else observed_s / max(promised_ms / 1000, 0.01)

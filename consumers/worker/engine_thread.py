@@ -77,7 +77,8 @@ class EngineThread:
         # 512 prefill tokens does on a memory-bound CPU), so they are left out.
         self.tokens_per_s: float | None = None
         # How long a step that runs prefill takes (smoothed): queued prompts are served up to the per-step
-        # token budget at a time, so ceil(queued / budget) such steps predict their wait.
+        # token budget at a time: floor(queued / budget) such steps predict their wait, ceil(prompt / budget)
+        # more its own prefill.
         self.prefill_step_s: float | None = None
         # Wall seconds inside step(), and seconds with unfinished work but not inside a step (applying orders,
         # handing outputs over, waiting for the interpreter): how much the worker's other threads cost the engine.

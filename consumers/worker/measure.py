@@ -2,13 +2,14 @@
 
     admitted (StartAttempt.occurred_at) ─ queue ─▶ first scheduled ─▶ first token: TTFT
     the queue wait vs the controller's prediction: the promise ratio per tier, the error fed back (calibration)
+    the TTFT vs the controller's prediction of it: the TTFT promise ratio per tier
     first token ─ ITL ─▶ next token ─ ITL ─▶ … ─▶ end: e2e (from admitted)
     CancelAttempt.occurred_at ─ cancellation lag ─▶ removed at a step boundary
 """
 from __future__ import annotations
 
 from consumers.worker.attempts import FINISHES, Attempt
-from consumers.worker.calibration import WaitCalibration, promise_ratio
+from consumers.worker.calibration import WaitCalibration, promise_ratio, ttft_promise_ratio
 from engine.request import FinishReason, RequestOutput
 from plumbing.telemetry.metrics import WorkerMetrics
 
@@ -19,6 +20,9 @@ def observe_output(metrics: WorkerMetrics, attempt: Attempt, output: RequestOutp
     if output.new_token_ids:
         if attempt.last_token_at is None:
             metrics.ttft.observe(now - attempt.admitted_at)
+            kept = ttft_promise_ratio(attempt.start, now - attempt.admitted_at)
+            if kept is not None:
+                metrics.ttft_promise_ratio.labels(tier=attempt.start.tier).observe(kept)
             if output.queue_time_s is not None:
                 observe_wait(metrics, attempt, attempt.accepted_at - attempt.admitted_at + output.queue_time_s,
                              now, waits)

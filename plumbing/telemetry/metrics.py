@@ -36,6 +36,8 @@ PREFIX = "ledgerlm:"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+# observed / promised: the admission aims for the median within 25 % of 1
+PROMISE_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                    60.0, 120.0, 240.0, 480.0, 960.0)
 
@@ -162,7 +164,10 @@ class WorkerMetrics:
                                     "Admission -> first scheduled by the engine", buckets=REQUEST_BUCKETS, registry=r)
         self.wait_promise_ratio = Histogram(
             f"{PREFIX}queue_wait_promise_ratio", "Observed / predicted wait before the first scheduling, per tier",
-            ["tier"], buckets=(0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0), registry=r)
+            ["tier"], buckets=PROMISE_BUCKETS, registry=r)
+        self.ttft_promise_ratio = Histogram(
+            f"{PREFIX}ttft_promise_ratio", "Observed / predicted time from admission to the first token, per tier",
+            ["tier"], buckets=PROMISE_BUCKETS, registry=r)
         self.e2e = Histogram(f"{PREFIX}e2e_request_latency_seconds", "Admission -> end of the attempt",
                              buckets=REQUEST_BUCKETS, registry=r)
         self.cancellation_lag = Histogram(f"{PREFIX}cancellation_lag_seconds",

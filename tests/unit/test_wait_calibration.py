@@ -11,10 +11,11 @@ from schemas.registry_events import WorkerHeartbeat
 NOW = datetime(2026, 12, 2, 9, 0, 0, tzinfo=UTC)
 
 
-def order(tier: str = "interactive", predicted_ms: int | None = 400, model_ms: int | None = 300) -> StartAttempt:
+def order(tier: str = "interactive", predicted_ms: int | None = 400, model_ms: int | None = 300,
+          ttft_ms: int | None = None) -> StartAttempt:
     return StartAttempt(tenant_id="acme", generation_id="g1", epoch=1, worker_id="w1", model_version="m@1",
                         input_token_ids=(1, 2), max_output_tokens=4, deadline_at=NOW + timedelta(seconds=10),
-                        tier=tier, predicted_wait_ms=predicted_ms, model_wait_ms=model_ms)
+                        tier=tier, predicted_wait_ms=predicted_ms, model_wait_ms=model_ms, predicted_ttft_ms=ttft_ms)
 
 
 def test_the_error_is_the_median_of_recent_interactive_waits_against_the_uncorrected_model():
@@ -44,9 +45,9 @@ def test_the_promise_ratio_is_observed_over_promised_with_a_floor_for_an_idle_wo
 
 
 def heartbeat(**fields) -> WorkerHeartbeat:
+    fields = {"queued_tokens": 400, **fields}
     return WorkerHeartbeat(worker_id="w1", model_versions=("m@1",), total_blocks=64, free_blocks=64, block_size=16,
-                           running=0, queued_tokens=400, lease_ms=5000, occurred_at=NOW, tokens_per_s=200.0,
-                           **fields)
+                           running=0, lease_ms=5000, occurred_at=NOW, tokens_per_s=200.0, **fields)
 
 
 def test_the_controller_adds_the_reported_error_to_interactive_predictions_and_sends_both():
@@ -55,7 +56,8 @@ def test_the_controller_adds_the_reported_error_to_interactive_predictions_and_s
     now = NOW.timestamp()
     chat = registry.choose("m@1", Demand(4, 12), 5.0, 200.0, now)
     assert (chat.model_queue_s, chat.queue_s) == (2.0, 3.5)  # 400 queued tokens at 200/s, plus 1.5 s missed
-    assert chat.promise == {"predicted_wait_ms": 3500, "model_wait_ms": 2000}
+    # the TTFT adds its own 4-token prompt at 200/s (no prefill step measured yet)
+    assert chat.promise == {"predicted_wait_ms": 3500, "model_wait_ms": 2000, "predicted_ttft_ms": 3520}
     assert registry.choose("m@1", Demand(4, 12), 3.0, 200.0, now) is None  # 3.5 s no longer fits 3 s
     batch = registry.choose("m@1", Demand(4, 12, batch=True), 3.0, 200.0, now)
     assert batch.queue_s == 2.0  # batch work is not promised a latency: no correction
@@ -73,3 +75,33 @@ def test_the_worker_records_the_promise_ratio_per_tier_and_feeds_the_error_back(
     observe_wait(metrics, Attempt(order(predicted_ms=400, model_ms=300), Reservation("g1#1", 1)), 0.5, 7.0, waits)
     ratio = metrics.registry.get_sample_value("ledgerlm:queue_wait_promise_ratio_sum", {"tier": "interactive"})
     assert ratio == 1.25 and waits.error_ms(7.0) == 200.0
+
+
+def test_the_predicted_ttft_adds_the_prefill_steps_of_its_own_prompt_to_the_wait():
+    registry = WorkerRegistry()
+    registry.observe(heartbeat(prefill_step_ms=300.0, max_batched_tokens=512, queued_tokens=1100))
+    now = NOW.timestamp()
+    short = registry.choose("m@1", Demand(128, 64), 5.0, 200.0, now)
+    assert short.promise == {"predicted_wait_ms": 600, "model_wait_ms": 600, "predicted_ttft_ms": 900}
+    long = registry.choose("m@1", Demand(1000, 16), 5.0, 200.0, now)  # two steps of its own
+    assert long.promise["predicted_ttft_ms"] == 600 + 2 * 300
+
+
+def test_the_worker_records_observed_over_predicted_ttft_at_the_first_token_only():
+    from consumers.worker.attempts import Attempt
+    from consumers.worker.measure import observe_output
+    from engine.request import RequestOutput
+    from engine.reservations import Reservation
+    from plumbing.telemetry.metrics import WorkerMetrics
+
+    metrics = WorkerMetrics(lambda: None, lambda: 0)
+    attempt = Attempt(order(ttft_ms=800), Reservation("g1#1", 1), admitted_at=10.0, accepted_at=10.1)
+    first = RequestOutput("g1#1", (5,), "a", None, 2, 1, 0, queue_time_s=0.2)
+    observe_output(metrics, attempt, first, now=11.0)
+    observe_output(metrics, attempt, RequestOutput("g1#1", (6,), "b", None, 2, 2, 0), now=11.5)
+    sample = metrics.registry.get_sample_value
+    assert sample("ledgerlm:ttft_promise_ratio_sum", {"tier": "interactive"}) == 1.25  # 1.0 s observed / 0.8 s
+    assert sample("ledgerlm:ttft_promise_ratio_count", {"tier": "interactive"}) == 1
+    unpromised = Attempt(order(ttft_ms=None, tier="batch"), Reservation("g1#1", 1), admitted_at=10.0)
+    observe_output(metrics, unpromised, first, now=11.0)
+    assert sample("ledgerlm:ttft_promise_ratio_count", {"tier": "batch"}) is None
