@@ -24,12 +24,14 @@ class StartAttempt(GenerationScoped):
     deadline_at: datetime
     # batch attempts may wait on the worker for KV room until deadline_at; interactive ones reserve or refuse
     tier: Tier = "interactive"
-    # The wait before its prefill starts the controller predicted when it routed the attempt (the promise),
-    # what its queue model alone said (before the worker's reported error was added), and the TTFT it
-    # predicted (that wait plus its own prefill steps, decision to first token); None: not predicted.
+    # The wait before its prefill starts the controller predicted when it routed the attempt, and what its
+    # queue model alone said (before the worker's reported error was added); the same for the TTFT, decision
+    # to first token (the promise: the model's wait plus its own prefill steps, then the TTFT error added).
+    # None: not predicted.
     predicted_wait_ms: int | None = added(None, ge=0)
     model_wait_ms: int | None = added(None, ge=0)
     predicted_ttft_ms: int | None = added(None, ge=0)
+    model_ttft_ms: int | None = added(None, ge=0)
 
     @property
     def output_tokens(self) -> int:

@@ -55,6 +55,8 @@ class WorkerHeartbeat(Envelope):
     # Median of (observed - predicted by the queue model) waits of recent interactive attempts, in ms: the
     # controller adds it to its prediction for this worker (consumers/worker/calibration.py). None: none recent.
     wait_error_ms: float | None = added(None)
+    # The same for the TTFT, decision to first token, against the model's (its wait plus its own prefill steps).
+    ttft_error_ms: float | None = added(None)
     # The most attempts this worker takes (LEDGERLM_WORKER_MAX_ATTEMPTS); `running` counts what it holds.
     # None: no bound (a worker from before it).
     max_attempts: int | None = added(None, ge=1)

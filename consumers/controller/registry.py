@@ -56,25 +56,26 @@ class Demand:
 
 @dataclass(frozen=True)
 class WorkerChoice:
-    """A worker for an attempt. `queue_s` is the predicted wait before its prefill starts, `prefill_s` the
-    steps its own prompt then takes (its first token comes out of the last): together the predicted TTFT as
-    the worker sees it. `waits_for_kv` says the worker lacks the blocks now and will queue the attempt until
-    running work frees them."""
+    """A worker for an attempt. `queue_s` is the predicted wait before its prefill starts, `ttft_s` the
+    predicted time to its first token (decision to first token at the worker: the promise); `model_*` are the
+    queue model's own, before the worker's reported errors. `waits_for_kv` says the worker lacks the blocks
+    now and will queue the attempt until running work frees them."""
 
     worker_id: str
     room_tokens: int
     queue_s: float
     waits_for_kv: bool = False
-    model_queue_s: float | None = None  # the queue model's own prediction, before the worker's reported error
-    prefill_s: float = 0.0
+    model_queue_s: float | None = None
+    ttft_s: float | None = None
+    model_ttft_s: float | None = None
 
     @property
     def promise(self) -> dict[str, int | None]:
         """The StartAttempt fields that carry the wait and TTFT it was routed with, for the worker to measure
         against."""
-        return {"predicted_wait_ms": round(self.queue_s * 1000),
-                "model_wait_ms": None if self.model_queue_s is None else round(self.model_queue_s * 1000),
-                "predicted_ttft_ms": round((self.queue_s + self.prefill_s) * 1000)}
+        return {name: None if seconds is None else round(seconds * 1000) for name, seconds in (
+            ("predicted_wait_ms", self.queue_s), ("model_wait_ms", self.model_queue_s),
+            ("predicted_ttft_ms", self.ttft_s), ("model_ttft_ms", self.model_ttft_s))}
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,16 @@ class WorkerRegistry:
             return model_s
         return max(0.0, model_s + error_ms / 1000)
 
+    @staticmethod
+    def calibrated_ttft_s(view: WorkerView, demand: Demand, model_ttft_s: float, prefill_s: float,
+                          queue_s: float) -> float:
+        """The model's TTFT plus what it missed on this worker lately (heartbeat `ttft_error_ms`, interactive
+        attempts only); without a measured error, the calibrated wait plus its own prefill steps."""
+        error_ms = view.heartbeat.ttft_error_ms
+        if demand.batch or error_ms is None:
+            return queue_s + prefill_s
+        return max(0.0, model_ttft_s + error_ms / 1000)
+
     def candidates(self, model_version: str, demand: Demand, now: float, exclude: frozenset[str]):
         for worker_id, view in self.workers.items():
             hb = view.heartbeat
@@ -255,8 +266,9 @@ class WorkerRegistry:
             queue_s = self.calibrated_s(view, demand, model_s)
             if queue_s > allowance_s or (waits and not may_wait):
                 continue
-            choice = WorkerChoice(worker_id, view.room_tokens, queue_s, waits, model_s,
-                                  self.own_prefill_s(view, demand, decode_tokens_per_s))
+            prefill_s = self.own_prefill_s(view, demand, decode_tokens_per_s)
+            ttft_s = self.calibrated_ttft_s(view, demand, model_s + prefill_s, prefill_s, queue_s)
+            choice = WorkerChoice(worker_id, view.room_tokens, queue_s, waits, model_s, ttft_s, model_s + prefill_s)
             if best is None or (choice.queue_s, -choice.room_tokens) < (best.queue_s, -best.room_tokens):
                 best = choice
         return best

@@ -1,16 +1,16 @@
 """How wrong the controller's wait predictions were on this worker, fed back through heartbeats.
 
-    StartAttempt.predicted_wait_ms   the promise: the wait before its prefill starts, as routed (calibrated)
+    StartAttempt.predicted_wait_ms   the wait before its prefill starts, as routed (calibrated)
     StartAttempt.model_wait_ms       the same from the queue model alone (uncorrected)
     observed                         decided (occurred_at) ─▶ accepted here ─▶ first scheduled by the engine
-    StartAttempt.predicted_ttft_ms   the promise as a client sees it: that wait plus its own prefill steps,
-                                     observed as decided ─▶ first token (the TTFT promise ratio)
+    StartAttempt.predicted_ttft_ms   the promise as a client sees it, decided ─▶ first token (calibrated)
+    StartAttempt.model_ttft_ms       the model's wait plus its own prefill steps (uncorrected)
 
 The worker keeps the recent errors `observed - model` of interactive attempts and reports their median as
-`WorkerHeartbeat.wait_error_ms`; the controller adds it to the model's prediction. The error is measured
-against the uncorrected model, so the correction never feeds on itself. What the model misses is what it
-does not see: the dispatch through the broker, the controller's own transaction, and the decode steps that
-run between queued prefill chunks at the current batch size.
+`WorkerHeartbeat.wait_error_ms`, and the same of the TTFT as `ttft_error_ms`; the controller adds each to the
+model's prediction. The error is measured against the uncorrected model, so the correction never feeds on
+itself. What the model misses is what it does not see: the dispatch through the broker, the controller's
+own transaction, and the decode steps that run between queued prefill chunks at the current batch size.
 """
 from __future__ import annotations
 
@@ -24,18 +24,43 @@ WINDOW = 64
 MAX_AGE_S = 120.0
 
 
-class WaitCalibration:
+class ErrorWindow:
+    """The recent errors (observed - model, seconds) of one prediction, and their median."""
+
     def __init__(self) -> None:
         self.errors: deque[tuple[float, float]] = deque(maxlen=WINDOW)  # (monotonic at, observed - model, s)
 
-    def observe(self, order: StartAttempt, observed_s: float, now: float) -> None:
-        if order.tier == "interactive" and order.model_wait_ms is not None:
-            self.errors.append((now, observed_s - order.model_wait_ms / 1000))
+    def add(self, now: float, error_s: float) -> None:
+        self.errors.append((now, error_s))
 
-    def error_ms(self, now: float) -> float | None:
-        """Median error of the recent interactive attempts (None: none within MAX_AGE_S)."""
+    def median_ms(self, now: float) -> float | None:
+        """Median error of the recent ones (None: none within MAX_AGE_S)."""
         recent = [error for at, error in self.errors if now - at <= MAX_AGE_S]
         return round(statistics.median(recent) * 1000, 1) if recent else None
+
+
+class WaitCalibration:
+    """The errors of the wait before the first scheduling and of the TTFT, for interactive attempts."""
+
+    def __init__(self) -> None:
+        self.waits = ErrorWindow()
+        self.ttfts = ErrorWindow()
+
+    def observe(self, order: StartAttempt, observed_s: float, now: float) -> None:
+        if order.tier == "interactive" and order.model_wait_ms is not None:
+            self.waits.add(now, observed_s - order.model_wait_ms / 1000)
+
+    def observe_ttft(self, order: StartAttempt, observed_s: float, now: float) -> None:
+        if order.tier == "interactive" and order.model_ttft_ms is not None:
+            self.ttfts.add(now, observed_s - order.model_ttft_ms / 1000)
+
+    def error_ms(self, now: float) -> float | None:
+        """Median wait error of the recent interactive attempts (None: none within MAX_AGE_S)."""
+        return self.waits.median_ms(now)
+
+    def ttft_error_ms(self, now: float) -> float | None:
+        """Median TTFT error of the recent interactive attempts (None: none within MAX_AGE_S)."""
+        return self.ttfts.median_ms(now)
 
 
 def promise_ratio(order: StartAttempt, observed_s: float) -> float | None:

@@ -23,6 +23,8 @@ def observe_output(metrics: WorkerMetrics, attempt: Attempt, output: RequestOutp
             kept = ttft_promise_ratio(attempt.start, now - attempt.admitted_at)
             if kept is not None:
                 metrics.ttft_promise_ratio.labels(tier=attempt.start.tier).observe(kept)
+            if waits is not None:
+                waits.observe_ttft(attempt.start, now - attempt.admitted_at, now)
             if output.queue_time_s is not None:
                 observe_wait(metrics, attempt, attempt.accepted_at - attempt.admitted_at + output.queue_time_s,
                              now, waits)

@@ -12,10 +12,11 @@ NOW = datetime(2026, 12, 2, 9, 0, 0, tzinfo=UTC)
 
 
 def order(tier: str = "interactive", predicted_ms: int | None = 400, model_ms: int | None = 300,
-          ttft_ms: int | None = None) -> StartAttempt:
+          ttft_ms: int | None = None, model_ttft_ms: int | None = None) -> StartAttempt:
     return StartAttempt(tenant_id="acme", generation_id="g1", epoch=1, worker_id="w1", model_version="m@1",
                         input_token_ids=(1, 2), max_output_tokens=4, deadline_at=NOW + timedelta(seconds=10),
-                        tier=tier, predicted_wait_ms=predicted_ms, model_wait_ms=model_ms, predicted_ttft_ms=ttft_ms)
+                        tier=tier, predicted_wait_ms=predicted_ms, model_wait_ms=model_ms, predicted_ttft_ms=ttft_ms,
+                        model_ttft_ms=model_ttft_ms)
 
 
 def test_the_error_is_the_median_of_recent_interactive_waits_against_the_uncorrected_model():
@@ -57,7 +58,8 @@ def test_the_controller_adds_the_reported_error_to_interactive_predictions_and_s
     chat = registry.choose("m@1", Demand(4, 12), 5.0, 200.0, now)
     assert (chat.model_queue_s, chat.queue_s) == (2.0, 3.5)  # 400 queued tokens at 200/s, plus 1.5 s missed
     # the TTFT adds its own 4-token prompt at 200/s (no prefill step measured yet)
-    assert chat.promise == {"predicted_wait_ms": 3500, "model_wait_ms": 2000, "predicted_ttft_ms": 3520}
+    assert chat.promise == {"predicted_wait_ms": 3500, "model_wait_ms": 2000, "predicted_ttft_ms": 3520,
+                            "model_ttft_ms": 2020}
     assert registry.choose("m@1", Demand(4, 12), 3.0, 200.0, now) is None  # 3.5 s no longer fits 3 s
     batch = registry.choose("m@1", Demand(4, 12, batch=True), 3.0, 200.0, now)
     assert batch.queue_s == 2.0  # batch work is not promised a latency: no correction
@@ -82,9 +84,17 @@ def test_the_predicted_ttft_adds_the_prefill_steps_of_its_own_prompt_to_the_wait
     registry.observe(heartbeat(prefill_step_ms=300.0, max_batched_tokens=512, queued_tokens=1100))
     now = NOW.timestamp()
     short = registry.choose("m@1", Demand(128, 64), 5.0, 200.0, now)
-    assert short.promise == {"predicted_wait_ms": 600, "model_wait_ms": 600, "predicted_ttft_ms": 900}
+    assert short.promise == {"predicted_wait_ms": 600, "model_wait_ms": 600, "predicted_ttft_ms": 900,
+                             "model_ttft_ms": 900}
     long = registry.choose("m@1", Demand(1000, 16), 5.0, 200.0, now)  # two steps of its own
     assert long.promise["predicted_ttft_ms"] == 600 + 2 * 300
+    registry.observe(heartbeat(prefill_step_ms=300.0, max_batched_tokens=512, queued_tokens=1100,
+                               wait_error_ms=100.0, ttft_error_ms=450.0))
+    corrected = registry.choose("m@1", Demand(128, 64), 5.0, 200.0, now)
+    assert corrected.promise == {"predicted_wait_ms": 700, "model_wait_ms": 600, "predicted_ttft_ms": 1350,
+                                 "model_ttft_ms": 900}  # the TTFT's own error, not the wait's, corrects it
+    batch = registry.choose("m@1", Demand(128, 64, batch=True), 5.0, 200.0, now)
+    assert batch.promise["predicted_ttft_ms"] == 900  # batch work is promised nothing: uncorrected
 
 
 def test_the_worker_records_observed_over_predicted_ttft_at_the_first_token_only():
@@ -94,11 +104,14 @@ def test_the_worker_records_observed_over_predicted_ttft_at_the_first_token_only
     from engine.reservations import Reservation
     from plumbing.telemetry.metrics import WorkerMetrics
 
-    metrics = WorkerMetrics(lambda: None, lambda: 0)
-    attempt = Attempt(order(ttft_ms=800), Reservation("g1#1", 1), admitted_at=10.0, accepted_at=10.1)
+    metrics, waits = WorkerMetrics(lambda: None, lambda: 0), WaitCalibration()
+    attempt = Attempt(order(ttft_ms=800, model_ttft_ms=700), Reservation("g1#1", 1), admitted_at=10.0,
+                      accepted_at=10.1)
     first = RequestOutput("g1#1", (5,), "a", None, 2, 1, 0, queue_time_s=0.2)
-    observe_output(metrics, attempt, first, now=11.0)
-    observe_output(metrics, attempt, RequestOutput("g1#1", (6,), "b", None, 2, 2, 0), now=11.5)
+    observe_output(metrics, attempt, first, now=11.0, waits=waits)
+    observe_output(metrics, attempt, RequestOutput("g1#1", (6,), "b", None, 2, 2, 0), now=11.5, waits=waits)
+    assert waits.ttft_error_ms(11.5) == 300.0  # 1.0 s observed against the model's 0.7 s, once
+    assert waits.error_ms(11.5) == 0.0  # the wait, 0.1 s accepted + 0.2 s queued, against its model's 0.3 s
     sample = metrics.registry.get_sample_value
     assert sample("ledgerlm:ttft_promise_ratio_sum", {"tier": "interactive"}) == 1.25  # 1.0 s observed / 0.8 s
     assert sample("ledgerlm:ttft_promise_ratio_count", {"tier": "interactive"}) == 1
