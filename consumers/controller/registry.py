@@ -253,44 +253,32 @@ class WorkerRegistry:
                     and not view.full):
                 yield worker_id, view
 
-    def predict(self, worker_id: str, view: WorkerView, demand: Demand, decode_tokens_per_s: float) -> WorkerChoice:
-        """What routing this attempt to this worker promises: its calibrated wait and TTFT, and the model's."""
-        model_s, waits = self.predicted_wait_s(view, demand, decode_tokens_per_s)
-        queue_s = self.calibrated_s(view, demand, model_s)
-        prefill_s = self.own_prefill_s(view, demand, decode_tokens_per_s)
-        ttft_s = self.calibrated_ttft_s(view, demand, model_s + prefill_s, prefill_s, queue_s)
-        return WorkerChoice(worker_id, view.room_tokens, queue_s, waits, model_s, ttft_s, model_s + prefill_s)
-
-    @staticmethod
-    def promised_s(choice: WorkerChoice, demand: Demand) -> float:
-        """What `allowance_s` bounds: interactive work's calibrated TTFT (what its client waits for), batch
-        work's wait before its prefill (it is promised no latency, only a start soon enough to keep the engine
-        busy)."""
-        return choice.queue_s if demand.batch or choice.ttft_s is None else choice.ttft_s
-
     def choose(self, model_version: str, demand: Demand, allowance_s: float, decode_tokens_per_s: float,
                now: float, exclude: frozenset[str] = frozenset(), may_wait: bool = True) -> WorkerChoice | None:
-        """The ready worker with the version and the shortest predicted wait, if its promise (`promised_s`)
-        fits `allowance_s`.
+        """The ready worker with the version and the shortest predicted wait, if it fits `allowance_s`.
 
         An attempt that lacks KV room waits on the worker until running work frees it; `may_wait=False`
         routes only to workers with room now.
         """
         best: WorkerChoice | None = None
         for worker_id, view in self.candidates(model_version, demand, now, exclude):
-            choice = self.predict(worker_id, view, demand, decode_tokens_per_s)
-            if self.promised_s(choice, demand) > allowance_s or (choice.waits_for_kv and not may_wait):
+            model_s, waits = self.predicted_wait_s(view, demand, decode_tokens_per_s)
+            queue_s = self.calibrated_s(view, demand, model_s)
+            if queue_s > allowance_s or (waits and not may_wait):
                 continue
+            prefill_s = self.own_prefill_s(view, demand, decode_tokens_per_s)
+            ttft_s = self.calibrated_ttft_s(view, demand, model_s + prefill_s, prefill_s, queue_s)
+            choice = WorkerChoice(worker_id, view.room_tokens, queue_s, waits, model_s, ttft_s, model_s + prefill_s)
             if best is None or (choice.queue_s, -choice.room_tokens) < (best.queue_s, -best.room_tokens):
                 best = choice
         return best
 
-    def shortest_promise_s(self, model_version: str, demand: Demand, decode_tokens_per_s: float,
-                           now: float) -> float | None:
-        """The best promise (`promised_s`) over every ready worker with the version, whatever the allowance."""
-        promises = [self.promised_s(self.predict(worker_id, view, demand, decode_tokens_per_s), demand)
-                    for worker_id, view in self.candidates(model_version, demand, now, frozenset())]
-        return min(promises, default=None)
+    def shortest_wait_s(self, model_version: str, demand: Demand, decode_tokens_per_s: float,
+                        now: float) -> float | None:
+        """The best predicted wait over every ready worker with the version, whatever the allowance."""
+        waits = [self.calibrated_s(view, demand, self.predicted_wait_s(view, demand, decode_tokens_per_s)[0])
+                 for _, view in self.candidates(model_version, demand, now, frozenset())]
+        return min(waits, default=None)
 
     def hold(self, worker_id: str, generation_id: str, demand: Demand, now: float) -> None:
         """Count the tokens the worker will reserve for this attempt until its heartbeats show them."""

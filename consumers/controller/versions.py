@@ -66,6 +66,6 @@ class VersionPicker:
             del remaining[version]
         return None
 
-    def shortest_promise_s(self, candidates: dict[str, int], demand: Demand, now: float) -> float | None:
-        promises = [self.registry.shortest_promise_s(v, demand, self.decode_tokens_per_s, now) for v in candidates]
-        return min((p for p in promises if p is not None), default=None)
+    def shortest_wait_s(self, candidates: dict[str, int], demand: Demand, now: float) -> float | None:
+        waits = [self.registry.shortest_wait_s(v, demand, self.decode_tokens_per_s, now) for v in candidates]
+        return min((w for w in waits if w is not None), default=None)

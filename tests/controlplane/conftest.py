@@ -46,7 +46,7 @@ ENV = {
     "LEDGERLM_RETRY_AFTER_MS": "1000",
     "LEDGERLM_ADMISSION_TIMEOUT_MS": "20000",
     # Queueing tests must not turn into 503s when a loaded machine makes the workers' measured rates drop:
-    # a 10 s allowance (7.5 s of predicted TTFT) keeps every wait these tests create within it.
+    # a 10 s allowance (5 s of predicted wait) keeps every wait these tests create within it.
     "LEDGERLM_INTERACTIVE_QUEUE_ALLOWANCE_MS": "10000",
     "LEDGERLM_WORKER_DEVICE": "cpu",
     "LEDGERLM_WORKER_KV_CACHE_BYTES": str(256 * BLOCK * 512),  # 256 blocks of the tiny model (512 B/token)

@@ -1,5 +1,5 @@
 """Capacity on the real broker: optimistic attempts grow, queued work past its deadline expires unbilled,
-and a request whose predicted TTFT does not fit is refused with a Retry-After from that prediction."""
+and a request whose predicted wait does not fit is refused with a Retry-After from that prediction."""
 from __future__ import annotations
 
 import asyncio
@@ -65,30 +65,29 @@ async def test_queued_attempt_past_its_deadline_ends_expired_and_unbilled(gatewa
     assert started == [] and not small.waiting
 
 
-async def test_interactive_request_beyond_the_predicted_ttft_gets_503_with_retry_after_from_it(
+async def test_interactive_request_beyond_the_predicted_wait_gets_503_with_retry_after_from_it(
         gateway, controller, tenants, bootstrap, producer, model_dir, cp_settings):
     version = await own_version(bootstrap, model_dir, gateway, "predicted")
     # A worker whose heartbeat says 12,000 prefill tokens are queued and it computes 1,000 tokens/s:
-    # a 12 s wait and a TTFT a little longer, where the share of the session's allowance a TTFT may be
-    # promised is 7.5 s.
+    # a 12 s wait, where the interactive share of the session's allowance is 5 s.
     fake = WorkerHeartbeat(worker_id=f"busy-{SESSION}", model_versions=(version,), total_blocks=1000,
                            free_blocks=1000, block_size=16, running=8, queued_tokens=12_000, lease_ms=60_000,
                            plane=cp_settings.controller_group, reservation="optimistic", headroom_tokens=32,
                            tokens_per_s=1000.0)
     await publish(producer, "llm.workers", fake)
     try:
-        def predicted_ttft(refused) -> bool:
-            return refused.status_code == 503 and "predicted TTFT" in refused.json()["message"] and \
-                refused.json().get("details", {}).get("retryAfterMs", 0) >= 4500
+        def predicted_wait(refused) -> bool:
+            return refused.status_code == 503 and "predicted wait" in refused.json()["message"] and \
+                refused.json().get("details", {}).get("retryAfterMs", 0) >= 5000
 
         # until the controller has the heartbeat (404/503 for the idle version before)
         refused = await wait_until(lambda: gateway.post("/v1/generations", headers=tenants["main"].headers,
                                                         json=body(model=version, maxOutputTokens=8)), 15,
-                                   step_s=0.1, accept=predicted_ttft,
-                                   what=lambda r: f"a refusal for the predicted TTFT: {r.text}")
+                                   step_s=0.1, accept=predicted_wait,
+                                   what=lambda r: f"a refusal for the predicted wait: {r.text}")
         assert refused.status_code == 503 and refused.json()["code"] == "no_capacity", refused.text
-        # (12 s - 7.5 s) jittered by up to +50%: 4.5-6.8 s, as whole seconds in the header.
-        assert 5 <= int(refused.headers["retry-after"]) <= 7, refused.headers
+        # (12 s - 5 s) jittered by up to +50%: 7-10.5 s, as whole seconds in the header.
+        assert 7 <= int(refused.headers["retry-after"]) <= 11, refused.headers
     finally:
         await publish(producer, "llm.workers", fake.model_copy(update={"alive": False}))
 
