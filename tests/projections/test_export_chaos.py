@@ -44,13 +44,10 @@ async def run_until_caught_up(env, conn) -> None:
             assert process.poll() is None, f"exporter exited: {process.stderr.read().decode()[-800:]}"
             return caught_up(conn, "openmeter", ends)
 
-        def where() -> str:
-            stored = conn.execute("SELECT partition, next_offset FROM export_offsets WHERE sink = 'openmeter' "
-                                  "ORDER BY partition").fetchall()
-            return f"the restarted exporter at {dict(stored)}, the log's projected end {ends}"
         # A restarted member first waits for the killed one's session to end (a group rebalance), then reads
         # what the suite's other roles wrote meanwhile: minutes on a loaded 2-core machine.
-        await wait_until(running_and_done, 240, lambda _: where(), step_s=0.1)
+        await wait_until(running_and_done, 240, lambda _: f"the restarted exporter at "
+                         f"{ledger.positions(conn, 'openmeter')}, the log's projected end {ends}", step_s=0.1)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(30)
