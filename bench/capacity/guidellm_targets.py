@@ -39,7 +39,9 @@ def per_level(ours: list[dict], engine: list[dict], allowance_ms: float) -> list
             "engine_keeps_allowance": None if engine_p95 is None else engine_p95 <= allowance_ms,
             "itl_p95_ms": (level.get("itl_ms") or {}).get("p95"),
             "promise_ratio_p50_le": promise.get("p50_le"), "promise_ratio_n": promise.get("n"),
-            "wait_promise_ratio_p50_le": wait.get("p50_le")})
+            "wait_promise_ratio_p50_le": wait.get("p50_le"),
+            # the controller's refusals: how many, and the terms of their predicted waits (bench/capacity/refusals)
+            "controller_refusals": level.get("refusals")})
     return rows
 
 

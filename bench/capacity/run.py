@@ -24,6 +24,7 @@ from pathlib import Path
 from bench.capacity.client import MIXES, Mix, closed_loop
 from bench.capacity.metrics import DEFINITIONS, client_summary, ratios, saturation, working_set
 from bench.capacity.prompts import ChatPrompt, chat_prompts
+from bench.capacity.refusals import refusal_terms
 from bench.capacity.targets import TARGETS, check_targets
 from bench.capacity.worker import WorkerScraper, heartbeat_summary, scrape_summary
 from bench.common import free_port
@@ -127,10 +128,11 @@ async def guidellm_sweep(target: Target, prompts: Prompts, model_dir: Path, conf
     for concurrency in config.levels:
         settled_s = await settle(target, limit_s=config.settle_limit_s)
         load = [round(x, 2) for x in os.getloadavg()]
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), time.time()
         level = await guidellm.run_level(target, default_tenant().name, model_dir, concurrency, config.duration_s,
                                          workdir)
         levels.append({**level, "settled_s": settled_s, "load_avg_at_start": load,
+                       "refusals": refusal_terms(workdir / "controller.log", wall0, time.time()),
                        **observe(t0, time.monotonic())})
     return {"a": {"levels": levels, "saturation": saturation(levels)}}
 

@@ -17,6 +17,7 @@ offsets. Nothing here touches Kafka, so every rule is testable in memory.
 """
 from __future__ import annotations
 
+import logging
 import random
 import uuid
 from collections.abc import Callable
@@ -39,6 +40,8 @@ from schemas.model_book import ModelBook
 from schemas.replies import AdmissionDecision
 from schemas.values import TenantLimits
 
+
+log = logging.getLogger(__name__)
 
 # Identities forgotten per partition per check: a backlog (a lowered TTL, a long outage) drains over a few
 # checks instead of one transaction of unbounded size.
@@ -71,14 +74,19 @@ class Decider(HeldWork):
 
     def capacity_refusal(self, cmd: SubmitGeneration, candidates: dict[str, int], demand: Demand,
                          now: datetime) -> AdmissionDecision:
-        """503 no_capacity, saying the best predicted wait; Retry-After is when that wait would fit again."""
-        wait_s = self.versions.shortest_wait_s(candidates, demand, now.timestamp())
+        """503 no_capacity, saying the best predicted wait and its terms; Retry-After is when that wait would fit
+        again."""
+        best = self.versions.shortest_wait(candidates, demand, now.timestamp())
         allowance_s = self.queue_allowance_s()
-        if wait_s is None:
+        if best is None:
             retry_ms, why = self.jittered_ms(self.settings.retry_after_ms), "no ready worker"
         else:
-            retry_ms = self.jittered_ms(int(min(max(wait_s - allowance_s, 0.25), 60.0) * 1000))
-            why = f"the shortest predicted wait, {wait_s:.2f} s, exceeds the {allowance_s:.2f} s queue allowance"
+            retry_ms = self.jittered_ms(int(min(max(best.wait_s - allowance_s, 0.25), 60.0) * 1000))
+            why = (f"the shortest predicted wait, {best.wait_s:.2f} s ({best.describe()}), exceeds the "
+                   f"{allowance_s:.2f} s queue allowance")
+            log.info("refused no_capacity tenant=%s tier=%s prompt_tokens=%d wait_ms=%d model_ms=%d "
+                     "queued_tokens=%d pending=%d worker=%s", cmd.tenant_id, cmd.tier, demand.prompt_tokens,
+                     best.wait_s * 1000, best.model_s * 1000, best.queued_tokens, best.pending, best.worker_id)
         return self.reply(cmd, "rejected", 503, request_id=cmd.request_id, error_code="no_capacity",
                           reason=f"{why} of {cmd.tier} work for {describe(cmd.model_version, candidates)}",
                           retry_after_ms=retry_ms)

@@ -79,6 +79,24 @@ class WorkerChoice:
 
 
 @dataclass(frozen=True)
+class WaitTerms:
+    """A worker's predicted wait and what it is made of, for a refusal to say why (counts only): the queue
+    model's seconds, the prompt tokens queued ahead (its heartbeat's and those dispatched since) and the
+    dispatches its heartbeat does not count yet; the rest of `wait_s` is the worker's measured error."""
+
+    worker_id: str
+    wait_s: float
+    model_s: float
+    queued_tokens: int
+    pending: int
+
+    def describe(self) -> str:
+        return (f"on {self.worker_id}: queue model {self.model_s:.2f} s ({self.queued_tokens} prompt tokens "
+                f"queued ahead, {self.pending} dispatched since its heartbeat) + measured error "
+                f"{self.wait_s - self.model_s:+.2f} s")
+
+
+@dataclass(frozen=True)
 class Pending:
     """A dispatch the worker's heartbeats do not count yet: the KV tokens it will reserve, the prompt it adds
     to the worker's prefill queue, and when it was decided (unix seconds)."""
@@ -273,12 +291,18 @@ class WorkerRegistry:
                 best = choice
         return best
 
-    def shortest_wait_s(self, model_version: str, demand: Demand, decode_tokens_per_s: float,
-                        now: float) -> float | None:
-        """The best predicted wait over every ready worker with the version, whatever the allowance."""
-        waits = [self.calibrated_s(view, demand, self.predicted_wait_s(view, demand, decode_tokens_per_s)[0])
-                 for _, view in self.candidates(model_version, demand, now, frozenset())]
-        return min(waits, default=None)
+    def shortest_wait(self, model_version: str, demand: Demand, decode_tokens_per_s: float,
+                      now: float) -> WaitTerms | None:
+        """The best predicted wait over every ready worker with the version, whatever the allowance, with the
+        terms it is made of."""
+        best: WaitTerms | None = None
+        for worker_id, view in self.candidates(model_version, demand, now, frozenset()):
+            model_s, _ = self.predicted_wait_s(view, demand, decode_tokens_per_s)
+            terms = WaitTerms(worker_id, self.calibrated_s(view, demand, model_s), model_s,
+                              view.queued_tokens_ahead(demand.batch), len(view.pending))
+            if best is None or terms.wait_s < best.wait_s:
+                best = terms
+        return best
 
     def hold(self, worker_id: str, generation_id: str, demand: Demand, now: float) -> None:
         """Count the tokens the worker will reserve for this attempt until its heartbeats show them."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from consumers.controller.registry import Demand, WorkerChoice, WorkerRegistry
+from consumers.controller.registry import Demand, WaitTerms, WorkerChoice, WorkerRegistry
 from schemas.model_book import ModelBook
 
 
@@ -66,6 +66,6 @@ class VersionPicker:
             del remaining[version]
         return None
 
-    def shortest_wait_s(self, candidates: dict[str, int], demand: Demand, now: float) -> float | None:
-        waits = [self.registry.shortest_wait_s(v, demand, self.decode_tokens_per_s, now) for v in candidates]
-        return min((w for w in waits if w is not None), default=None)
+    def shortest_wait(self, candidates: dict[str, int], demand: Demand, now: float) -> WaitTerms | None:
+        waits = [self.registry.shortest_wait(v, demand, self.decode_tokens_per_s, now) for v in candidates]
+        return min((w for w in waits if w is not None), key=lambda w: w.wait_s, default=None)

@@ -265,7 +265,10 @@ def test_interactive_request_beyond_the_predicted_wait_is_503_with_a_retry_after
     reply = decider.submit(state, submit("late", max_output=60), NOW).replies[0]
     assert (reply.http_status, reply.error_code) == (503, "no_capacity")
     assert 2000 <= reply.retry_after_ms <= 3000  # (3.0 - 1.0) s, jittered by up to +50%
-    assert "predicted wait" in reply.reason and not state.tenant("acme").generations
+    assert "predicted wait, 3.00 s" in reply.reason and not state.tenant("acme").generations
+    # The reason says what the wait is made of: the queue model, what is queued, and the worker's measured error.
+    assert "queue model 3.00 s (600 prompt tokens queued ahead, 0 dispatched since" in reply.reason
+    assert "measured error +0.00 s" in reply.reason
     batch = decider.submit(state, submit("b", max_output=60, tier="batch"), NOW).replies[0]
     assert batch.http_status == 201  # batch work is never refused for load: the controller holds it
 
@@ -289,3 +292,14 @@ def test_queued_prompts_are_predicted_in_prefill_steps_of_the_token_budget(world
     refused = decider.submit(state, submit("three-steps", max_output=60), NOW + timedelta(seconds=1)).replies[0]
     assert (refused.http_status, refused.error_code) == (503, "no_capacity")
     assert 250 <= refused.retry_after_ms <= 375
+
+
+def test_a_refusal_names_the_workers_measured_error_beside_the_queue_model(world):
+    decider, registry, state = world
+    # Nothing queued, but the worker measured its recent interactive waits 1.4 s longer than the model said.
+    registry.observe(heartbeat("w1", queued_tokens=0, tokens_per_s=50.0, prefill_step_ms=400.0,
+                               max_batched_tokens=512, wait_error_ms=1400.0))
+    refused = decider.submit(state, submit("r", max_output=60), NOW).replies[0]
+    assert (refused.http_status, refused.error_code) == (503, "no_capacity")
+    assert "predicted wait, 1.40 s (on w1: queue model 0.00 s (0 prompt tokens queued ahead" in refused.reason
+    assert "measured error +1.40 s" in refused.reason
