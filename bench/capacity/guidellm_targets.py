@@ -33,8 +33,13 @@ def per_level(ours: list[dict], engine: list[dict], allowance_ms: float) -> list
             "error_kinds": level.get("error_kinds"), "output_tok_s": level["output_tok_s"],
             "engine_output_tok_s": alone.get("output_tok_s"),
             "engine_completed_output_tok_s": alone.get("completed_output_tok_s"),
-            # like for like: guidellm counts the tokens of completed requests only, so does the engine's side
-            "vs_engine": ratio(level["output_tok_s"], alone.get("completed_output_tok_s") or alone.get("output_tok_s")),
+            "delivered_output_tok_s": level.get("delivered_output_tok_s"),
+            # like for like: every token delivered within the window on both sides (the requests cut at its end
+            # included); completed_vs_engine counts completed requests only on both sides, as guidellm's
+            # successful-requests rate does (noisier: whole requests)
+            "vs_engine": ratio(level.get("delivered_output_tok_s") or level["output_tok_s"], alone.get("output_tok_s")),
+            "completed_vs_engine": ratio(level["output_tok_s"],
+                                         alone.get("completed_output_tok_s") or alone.get("output_tok_s")),
             "ttft_p95_ms": (level.get("ttft_ms") or {}).get("p95"), "engine_ttft_p95_ms": engine_p95,
             "engine_keeps_allowance": None if engine_p95 is None else engine_p95 <= allowance_ms,
             "itl_p95_ms": (level.get("itl_ms") or {}).get("p95"),

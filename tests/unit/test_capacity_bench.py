@@ -322,8 +322,10 @@ def test_transformers_serve_gets_a_view_naming_the_architecture_a_gguf_import_la
     assert with_architectures(view, tmp_path / "again") == view
 
 
-def guidellm_level(c: int, tok_s: float, errored: int = 0, ttft_p95: float = 900.0, promise: float | None = 1.1):
+def guidellm_level(c: int, tok_s: float, errored: int = 0, ttft_p95: float = 900.0, promise: float | None = 1.1,
+                   delivered: float | None = None):
     return {"concurrency": c, "completed": 20, "errored": errored, "output_tok_s": tok_s, "error_kinds": {},
+            "delivered_output_tok_s": delivered or tok_s,
             "ttft_ms": {"p95": ttft_p95}, "itl_ms": {"p95": 150.0},
             "interactive_ttft_promise_ratio": {"n": 10 if promise else 0, "p50_le": promise},
             "interactive_wait_promise_ratio": {"n": 10, "p50_le": 0.25}}  # the TTFT's is the promise judged
@@ -332,17 +334,19 @@ def guidellm_level(c: int, tok_s: float, errored: int = 0, ttft_p95: float = 900
 def test_guidellm_targets_judge_errors_and_tok_s_only_where_the_engine_keeps_the_allowance():
     from bench.capacity.guidellm_targets import check_guidellm
 
-    ours = [guidellm_level(1, 6.0), guidellm_level(8, 20.0, errored=3, promise=2.0),
+    ours = [guidellm_level(1, 6.0), guidellm_level(8, 20.0, errored=3, promise=2.0, delivered=24.0),
             guidellm_level(16, 18.0, errored=40, ttft_p95=2500.0)]
     engine = [{"concurrency": 1, "output_tok_s": 6.5, "ttft_ms": {"p95": 300.0}},
-              # guidellm counts completed requests only: so is the engine's side
+              # every token delivered in the window is compared with the engine's every token (24 / 28), and
+              # completed requests only with the engine's completed ones (20 / 25) beside it
               {"concurrency": 8, "output_tok_s": 28.0, "completed_output_tok_s": 25.0, "ttft_ms": {"p95": 1500.0}},
               {"concurrency": 16, "output_tok_s": 30.0, "ttft_ms": {"p95": 4000.0}}]  # the engine misses at 16
     report = check_guidellm({"ledgerlm": {"a": {"levels": ours}}, "engine": {"a": {"levels": engine}}}, 2000)
     targets = report["targets"]
     assert targets["ttft_p95_within_allowance"] == {"met": False, "misses": ["16: 2500.0 ms"]}
     assert targets["errors_max_where_engine_keeps"] == {"met": False, "misses": ["8: 0.1304"]}  # 16 not judged
-    assert targets["tok_s_vs_engine_min"] == {"met": False, "misses": ["8: 0.8"]}
+    assert targets["tok_s_vs_engine_min"] == {"met": False, "misses": ["8: 0.857"]}
+    assert [row["completed_vs_engine"] for row in report["levels"]][1] == 0.8
     assert targets["overload_not_below_8"] == {"met": False, "misses": ["16: 18.0 < 8: 20.0"]}
     assert targets["promise_median_within_25pct"] == {"met": False, "misses": ["8: 2.0"]}
     assert [row["engine_keeps_allowance"] for row in report["levels"]] == [True, True, False]
@@ -363,6 +367,8 @@ def test_a_guidellm_report_reads_as_a_capacity_level_and_its_command_names_the_t
     assert (level["completed"], level["errored"], level["incomplete"]) == (2, 1, 2)
     assert level["error_kinds"] == {"HTTP 503": 1}
     assert level["output_tok_s"] == 12.8 and level["output_tokens_per_request"] == {"mean": 64.0}
+    # the two requests cut at the window's end streamed tokens too: delivered counts them
+    assert level["delivered_output_tok_s"] > level["output_tok_s"]
     assert level["ttft_ms"]["p50"] <= level["ttft_ms"]["p95"] and level["itl_ms"]["p95"] > 0
     target = Target("ledgerlm", "http://127.0.0.1:8080", "m@1", {"chat": "llm_secret"})
     argv = command(target, "chat", Path("/models/m"), 8, 45, Path("/tmp/out.json"))
