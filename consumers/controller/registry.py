@@ -221,9 +221,10 @@ class WorkerRegistry:
         prefill starts in the step where they end (chunked prefill fills the rest of that step with it), so it
         waits floor(queued / budget) whole prefill steps of the measured length. (Counting ceil(...) steps
         made the median promise 4x too long at 4-16 streams: prompts arriving together share one step.) What
-        is left of the step running now, and the dispatch, are the worker's measured error (`calibrated_s`).
-        The KV tokens this attempt lacks free up at the measured token rate. A worker that has not measured
-        yet is predicted from `decode_tokens_per_s`.
+        is left of the step running now, half a step of the length measured at the batch running now on
+        average (`step_ms`), comes first when the worker runs anything. The dispatch is the worker's measured
+        error (`calibrated_s`). The KV tokens this attempt lacks free up at the measured token rate. A worker
+        that has not measured yet is predicted from `decode_tokens_per_s`.
         """
         hb = view.heartbeat
         rate = hb.tokens_per_s or decode_tokens_per_s
@@ -233,7 +234,8 @@ class WorkerRegistry:
             prefill_s = queued // hb.max_batched_tokens * hb.prefill_step_ms / 1000
         else:
             prefill_s = queued / rate
-        return prefill_s + deficit / rate, deficit > 0
+        in_flight_s = hb.step_ms / 2000 if hb.step_ms and (hb.running or view.pending) else 0.0
+        return in_flight_s + prefill_s + deficit / rate, deficit > 0
 
     @staticmethod
     def own_prefill_s(view: WorkerView, demand: Demand, decode_tokens_per_s: float) -> float:

@@ -80,6 +80,9 @@ class EngineThread:
         # token budget at a time: floor(queued / budget) such steps predict their wait, ceil(prompt / budget)
         # more its own prefill.
         self.prefill_step_s: float | None = None
+        # How long any step takes now (smoothed, decode-only steps included): a prompt that arrives waits for
+        # the step in flight first, half of one on average, at the batch running now.
+        self.step_s: float | None = None
         # Wall seconds inside step(), and seconds with unfinished work but not inside a step (applying orders,
         # handing outputs over, waiting for the interpreter): how much the worker's other threads cost the engine.
         self.timing = EngineTiming()
@@ -149,6 +152,8 @@ class EngineThread:
             outputs = self.engine.step()  # a failing step fails its requests, not the thread
             ended = time.perf_counter()
             self.timing.stepped(started, ended, still_busy=self.engine.has_unfinished())
+            seconds = ended - started
+            self.step_s = seconds if self.step_s is None else 0.8 * self.step_s + 0.2 * seconds
             if self.engine.num_prefill_tokens_total > prefill_before:
                 self._measure(self.engine.num_computed_tokens_total - tokens_before, ended - started)
             self.stats = self.engine.stats()

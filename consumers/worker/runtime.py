@@ -118,6 +118,7 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
                                tokens_per_s=thread.tokens_per_s if thread is not None else None,
                                prefill_step_ms=thread.prefill_step_s * 1000
                                if thread is not None and thread.prefill_step_s else None,
+                               step_ms=thread.step_s * 1000 if thread is not None and thread.step_s else None,
                                max_batched_tokens=self.engine.config.max_num_batched_tokens,
                                incarnation=self.incarnation, attempts=self.held(),
                                dispatch_read_through=self.read_through_at(),
