@@ -96,11 +96,16 @@ async def running(exporter: Exporter):
         await asyncio.wait_for(task, 30)
 
 
-async def export_until_caught_up(exporter: Exporter, conn: psycopg.Connection, timeout_s: float = 120) -> None:
+async def export_until_caught_up(exporter: Exporter, conn: psycopg.Connection, timeout_s: float = 240) -> None:
     # the exporter holds back what the lifecycle projection has not committed, and the log may grow meanwhile
-    # (another test's roles finishing their work): caught up means through what is projected now
+    # (another test's roles finishing their work): caught up means through what is projected now. A stress run
+    # (the suite beside 2 CPU hogs) once took more than 120 s here; the exporter shares this test's event loop,
+    # so the check asks Postgres every 100 ms, not every 20, and a timeout says where the exporter stood.
     ends = ledger.projected_through(conn)
+    sink = exporter.sink.name
     async with running(exporter) as task:
-        await wait_until(lambda: task.done() or caught_up(conn, exporter.sink.name, ends), timeout_s,
-                         f"the {exporter.sink.name} exporter at the end of the log")
+        await wait_until(lambda: task.done() or caught_up(conn, sink, ends), timeout_s,
+                         lambda _: f"the {sink} exporter at the end of the log: at {ledger.positions(conn, sink)}, "
+                                   f"the projected end {ends}, {exporter.stats}, assigned "
+                                   f"{sorted(tp.partition for tp in exporter.assignment)}", step_s=0.1)
         assert not task.done(), f"the exporter stopped: {task.exception()!r}"
