@@ -147,3 +147,28 @@ def test_a_busy_worker_predicts_half_the_step_in_flight_before_the_queue():
     idle = WorkerRegistry()
     idle.observe(heartbeat(queued_tokens=0, step_ms=240.0, running=0))
     assert idle.choose("m@1", Demand(4, 12), 5.0, 200.0, now).model_queue_s == 0.0  # nothing in flight
+
+
+def test_whole_queued_steps_cost_a_decode_step_plus_the_budget_at_the_measured_cost_of_a_prefill_token():
+    registry = WorkerRegistry()
+    # A mean prefill step of 250 ms (one short prompt beside the decodes) would predict 2 x 0.25 = 0.5 s for
+    # 1,100 queued tokens; a full step is 100 ms + 512 x 1 ms = 0.612 s, so 1.224 s, plus half a step in flight.
+    registry.observe(heartbeat(queued_tokens=1100, step_ms=200.0, prefill_step_ms=250.0, max_batched_tokens=512,
+                               decode_step_ms=100.0, prefill_token_ms=1.0, running=4))
+    choice = registry.choose("m@1", Demand(128, 12), 5.0, 200.0, NOW.timestamp())
+    assert abs(choice.model_queue_s - (0.1 + 1.224)) < 1e-9
+    # its own prompt: one step's decodes plus 128 prefill tokens
+    assert abs(choice.model_ttft_s - (0.1 + 1.224 + 0.1 + 0.128)) < 1e-9
+
+
+def test_the_engine_thread_splits_a_steps_cost_into_a_decode_step_and_a_prefill_tokens_share():
+    from types import SimpleNamespace
+
+    from consumers.worker.engine_thread import EngineThread
+
+    thread = EngineThread(SimpleNamespace(stats=lambda: None), print, print, {})
+    thread._measure_cost(0, 0.1)  # noqa: SLF001 (a decode-only step: 100 ms)
+    thread._measure_cost(200, 0.5)  # a step with 200 prefill tokens: 400 ms more, 2 ms a token
+    assert (thread.decode_step_s, thread.prefill_token_s) == (0.1, 0.002)
+    thread._measure_cost(0, 0.2)  # a bigger batch: the decode step grows, smoothed
+    assert abs(thread.decode_step_s - 0.12) < 1e-12 and thread.prefill_token_s == 0.002
