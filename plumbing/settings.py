@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     admission_timeout_ms: int = Field(default=10000, ge=100)
     gateway_host: str = "127.0.0.1"
     gateway_port: int = Field(default=8080, ge=0)
+    gateway_keep_alive_s: int = Field(default=75, ge=1, description="an idle client connection is kept this long: "
+                                      "longer than clients' own pools (httpx and the openai client: 5 s), so the "
+                                      "client closes first and never sends a request on a connection being closed")
     worker_kv_cache_bytes: str = Field(default="auto", description="KV pool: 'auto' (from the machine: a capped "
                                        "share of MemAvailable on a CPU, a fraction of memory after weights on a "
                                        "GPU), bytes, or a size like '2GiB'")

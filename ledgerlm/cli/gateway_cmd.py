@@ -24,5 +24,5 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings()
     app = create_app(settings, kafka_access(settings), database_url(settings))
     uvicorn.run(app, host=args.host or settings.gateway_host, port=args.port or settings.gateway_port,
-                log_level="warning", access_log=False)
+                timeout_keep_alive=settings.gateway_keep_alive_s, log_level="warning", access_log=False)
     return 0

@@ -7,8 +7,13 @@ import signal
 from collections.abc import Coroutine
 
 
+def log_format(role: str) -> str:
+    """How a role's log lines read (bench capacity parses the controller's back: bench/capacity/refusals.py)."""
+    return f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s"
+
+
 def configure_logging(role: str) -> None:
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=log_format(role))
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
 

@@ -63,6 +63,47 @@ class Taken:
     terminal: dict[str, ConsumerRecord] = field(default_factory=dict)  # generation id -> its first terminal
 
 
+def take(stored: dict[TopicPartition, int | None], batches: dict[TopicPartition, list[ConsumerRecord]],
+         positions: dict[TopicPartition, int], projected: dict[int, int]
+         ) -> tuple[list[Taken], dict[TopicPartition, int], bool]:
+    """One poll's records after the stored offset and before the projector's; where the consumer must read
+    again from on each partition it got records held back for the projector or only records before the stored
+    offset on; True when some were held back.
+
+    A partition moves on to where the consumer has read up to (`positions`), not only past its last record:
+    transaction markers and aborted batches take offsets that no record comes back for. Kept at the last
+    record, the exporter would stand before them however far the projector had gone, and a test that waits
+    for it to reach the projector's offsets would wait forever. Nothing at or past the projector's offset is
+    passed over."""
+    taken: list[Taken] = []
+    seeks: dict[TopicPartition, int] = {}
+    held = False
+    for tp in set(batches) | set(positions):
+        records = batches.get(tp, [])
+        at = stored.get(tp)
+        fresh = [r for r in records if at is None or r.offset >= at]
+        through = projected.get(tp.partition, 0)
+        ready = [r for r in fresh if r.offset < through]
+        if records and not fresh:
+            seeks[tp] = at
+            continue
+        if len(ready) < len(fresh):
+            held = True
+            seeks[tp] = fresh[len(ready)].offset
+            read_to = through  # nothing readable lies between the last ready record and the first held one
+        else:
+            read_to = min(positions.get(tp, 0), through)
+        next_offset = max(ready[-1].offset + 1 if ready else 0, read_to)
+        if next_offset <= (at or 0):
+            continue
+        item = Taken(tp, next_offset)
+        for record in ready:
+            if dict(record.headers or ()).get("type") in TERMINAL_HEADERS and record.key is not None:
+                item.terminal.setdefault(record.key.decode(), record)
+        taken.append(item)
+    return taken, seeks, held
+
+
 class Exporter:
     def __init__(self, kafka: Kafka, database_url: str, sink: Sink, *, group_id: str, source: str,
                  max_records: int = 500, metrics: ExporterMetrics | None = None) -> None:
@@ -100,34 +141,29 @@ class Exporter:
 
     # -- one poll ------------------------------------------------------------
     def _take(self, consumer: AIOKafkaConsumer, batches: dict[TopicPartition, list[ConsumerRecord]],
-              projected: dict[int, int]) -> tuple[list[Taken], bool]:
-        """The records after the stored offset and before the projector's; True when some were held back."""
-        taken: list[Taken] = []
-        held = False
-        for tp, records in batches.items():
-            stored = self.stored.get(tp)
-            fresh = [r for r in records if stored is None or r.offset >= stored]
-            through = projected.get(tp.partition, 0)
-            ready = [r for r in fresh if r.offset < through]
-            if len(ready) < len(fresh):
-                held = True
-                consumer.seek(tp, fresh[len(ready)].offset)
-            elif not fresh and stored is not None:
-                consumer.seek(tp, stored)
-            if not ready:
-                continue
-            item = Taken(tp, ready[-1].offset + 1)
-            for record in ready:
-                if dict(record.headers or ()).get("type") in TERMINAL_HEADERS and record.key is not None:
-                    item.terminal.setdefault(record.key.decode(), record)
-            taken.append(item)
+              positions: dict[TopicPartition, int], projected: dict[int, int]) -> tuple[list[Taken], bool]:
+        """`take` this poll; the consumer is sent back to what it holds back (or to the stored offset)."""
+        taken, seeks, held = take(self.stored, batches, positions, projected)
+        for tp, offset in seeks.items():
+            consumer.seek(tp, offset)
         return taken, held
+
+    async def _positions(self, consumer: AIOKafkaConsumer) -> dict[TopicPartition, int]:
+        """Where the consumer reads next on each assigned partition it has moved past the stored offset on (a
+        poll's records and what it skipped: markers, aborted batches)."""
+        moved = {}
+        for tp in consumer.assignment():
+            position = await consumer.position(tp)
+            if position > (self.stored.get(tp) or 0):
+                moved[tp] = position
+        return moved
 
     async def _export_polled(self, consumer: AIOKafkaConsumer, stop: asyncio.Event,
                              batches: dict[TopicPartition, list[ConsumerRecord]]) -> bool:
         """Export one poll's sealed attempts; True when records were held back for the projector."""
+        positions = await self._positions(consumer)
         projected = await asyncio.to_thread(ledger.projected_through, self.conn)
-        taken, held = self._take(consumer, batches, projected)
+        taken, held = self._take(consumer, batches, positions, projected)
         if not taken:
             return held
         exports, records = await asyncio.to_thread(self._unexported, taken)

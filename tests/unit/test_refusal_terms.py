@@ -10,6 +10,7 @@ from bench.capacity.refusals import refusal_terms
 from consumers.controller.decisions import Decider
 from consumers.controller.registry import WorkerRegistry
 from consumers.controller.state import PartitionState
+from ledgerlm.cli.roles import log_format
 from plumbing.settings import Settings
 from schemas.commands import SubmitGeneration
 from schemas.model_book import ModelBook
@@ -39,8 +40,9 @@ def refuse(queued_tokens: int, wait_error_ms: float, request_id: str) -> None:
 def test_the_refusals_of_a_window_are_counted_with_the_terms_of_their_predicted_waits(tmp_path):
     log = tmp_path / "controller.log"
     handler = logging.FileHandler(log)
-    handler.setFormatter(logging.Formatter("%(asctime)s controller %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(logging.Formatter(log_format("controller")))  # as the controller role logs
     logger = logging.getLogger("consumers.controller.decisions")
+    level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
@@ -50,6 +52,7 @@ def test_the_refusals_of_a_window_are_counted_with_the_terms_of_their_predicted_
         t1 = time.time() + 1
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
         handler.close()
     terms = refusal_terms(log, t0, t1)
     assert terms["n"] == 2
