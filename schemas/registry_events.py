@@ -37,6 +37,13 @@ class WorkerHeartbeat(Envelope):
     tokens_per_s: float | None = Field(default=None, gt=0)
     # A step that runs prefill: how long it takes, and how many tokens one step may compute.
     prefill_step_ms: float | None = Field(default=None, gt=0)
+    # Any step, decode-only ones included, at the batch running now (smoothed): the step in flight that a prompt
+    # arriving now waits for first.
+    step_ms: float | None = Field(default=None, gt=0)
+    # A step's cost in two parts: a decode-only step at the batch running now, and what each prefill token adds.
+    # A step that fills the token budget costs decode_step_ms + max_batched_tokens * prefill_token_ms.
+    decode_step_ms: float | None = Field(default=None, gt=0)
+    prefill_token_ms: float | None = Field(default=None, gt=0)
     max_batched_tokens: int | None = Field(default=None, ge=1)
     # A fresh id per worker process: a worker restarted under the same id (as `ledgerlm up` does) is another
     # incarnation, and whatever the previous one ran is lost. None: a worker from before incarnations.

@@ -219,29 +219,50 @@ class WorkerRegistry:
 
         The prompts queued ahead are served up to the per-step token budget at a time, and this attempt's
         prefill starts in the step where they end (chunked prefill fills the rest of that step with it), so it
-        waits floor(queued / budget) whole prefill steps of the measured length. (Counting ceil(...) steps
-        made the median promise 4x too long at 4-16 streams: prompts arriving together share one step.) What
-        is left of the step running now, and the dispatch, are the worker's measured error (`calibrated_s`).
-        The KV tokens this attempt lacks free up at the measured token rate. A worker that has not measured
-        yet is predicted from `decode_tokens_per_s`.
+        waits floor(queued / budget) whole prefill steps. (Counting ceil(...) steps made the median promise 4x
+        too long at 4-16 streams: prompts arriving together share one step.) A whole step costs a decode step
+        at the batch running now plus the budget's tokens at the measured cost of a prefill token (`full_step_s`);
+        the mean step that ran prefill, mostly one short prompt, understated it about 3x in a burst. What
+        is left of the step running now, half a step of the length measured at the batch running now on
+        average (`step_ms`), comes first when the worker runs anything. The dispatch is the worker's measured
+        error (`calibrated_s`). The KV tokens this attempt lacks free up at the measured token rate. A worker
+        that has not measured yet is predicted from `decode_tokens_per_s`.
         """
         hb = view.heartbeat
         rate = hb.tokens_per_s or decode_tokens_per_s
         deficit = max(0, demand.tokens_on(hb) - view.room_tokens)
         queued = view.queued_tokens_ahead(demand.batch)
-        if hb.prefill_step_ms and hb.max_batched_tokens:
-            prefill_s = queued // hb.max_batched_tokens * hb.prefill_step_ms / 1000
+        full_step_s = self.full_step_s(hb)
+        if full_step_s is not None:
+            prefill_s = queued // hb.max_batched_tokens * full_step_s
         else:
             prefill_s = queued / rate
-        return prefill_s + deficit / rate, deficit > 0
+        in_flight_s = hb.step_ms / 2000 if hb.step_ms and (hb.running or view.pending) else 0.0
+        return in_flight_s + prefill_s + deficit / rate, deficit > 0
+
+    @staticmethod
+    def full_step_s(hb: WorkerHeartbeat) -> float | None:
+        """A step whose token budget is all prefill: a decode step plus the budget at the cost of a prefill
+        token; where the worker has not split its step cost yet, the mean step that ran prefill (None: not
+        measured)."""
+        if not hb.max_batched_tokens:
+            return None
+        if hb.decode_step_ms and hb.prefill_token_ms:
+            return (hb.decode_step_ms + hb.max_batched_tokens * hb.prefill_token_ms) / 1000
+        return hb.prefill_step_ms / 1000 if hb.prefill_step_ms else None
 
     @staticmethod
     def own_prefill_s(view: WorkerView, demand: Demand, decode_tokens_per_s: float) -> float:
-        """The prefill steps of the attempt's own prompt once it starts, ceil(prompt / budget) of the measured
-        length (a worker that has not measured yet: the prompt at `decode_tokens_per_s`)."""
+        """The prefill steps of the attempt's own prompt once it starts: ceil(prompt / budget) decode steps plus
+        its tokens at the cost of a prefill token (where not split yet: that many steps of the mean length that
+        ran prefill; a worker that has not measured yet: the prompt at `decode_tokens_per_s`)."""
         hb = view.heartbeat
-        if hb.prefill_step_ms and hb.max_batched_tokens:
-            return -(-demand.prompt_tokens // hb.max_batched_tokens) * hb.prefill_step_ms / 1000
+        if hb.max_batched_tokens:
+            steps = -(-demand.prompt_tokens // hb.max_batched_tokens)
+            if hb.decode_step_ms and hb.prefill_token_ms:
+                return (steps * hb.decode_step_ms + demand.prompt_tokens * hb.prefill_token_ms) / 1000
+            if hb.prefill_step_ms:
+                return steps * hb.prefill_step_ms / 1000
         return demand.prompt_tokens / (hb.tokens_per_s or decode_tokens_per_s)
 
     @staticmethod

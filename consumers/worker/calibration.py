@@ -7,14 +7,13 @@
     StartAttempt.model_ttft_ms       the model's wait plus its own prefill steps (uncorrected)
 
 The worker keeps the recent errors `observed - model` of interactive attempts and reports their median as
-`WorkerHeartbeat.wait_error_ms`, and the same of the TTFT as `ttft_error_ms`; the controller adds each to the
-model's prediction. The error is measured against the uncorrected model, so the correction never feeds on
+`WorkerHeartbeat.wait_error_ms`, and the same of the TTFT as `ttft_error_ms`, faded by the time since the newest;
+the controller adds each to the model's prediction. The error is measured against the uncorrected model, so the correction never feeds on
 itself. What the model misses is what it does not see: the dispatch through the broker, the controller's
 own transaction, and the decode steps that run between queued prefill chunks at the current batch size.
 """
 from __future__ import annotations
 
-import statistics
 from collections import deque
 
 from schemas.dispatch import StartAttempt
@@ -22,6 +21,11 @@ from schemas.dispatch import StartAttempt
 # Errors remembered: enough for a stable median, few enough to follow a change of load within a minute.
 WINDOW = 64
 MAX_AGE_S = 120.0
+# An error nothing has confirmed lately fades: halved for every HALF_LIFE_S since the newest observation. A refused
+# request is never observed, so an error measured in a cold start or a burst would otherwise keep the prediction
+# high, and the controller refusing, until it aged out of the window. Faded, it lets an attempt through within
+# seconds, and that attempt measures the load as it is now (decision 0018).
+HALF_LIFE_S = 10.0
 
 
 class ErrorWindow:
@@ -34,9 +38,19 @@ class ErrorWindow:
         self.errors.append((now, error_s))
 
     def median_ms(self, now: float) -> float | None:
-        """Median error of the recent ones (None: none within MAX_AGE_S)."""
-        recent = [error for at, error in self.errors if now - at <= MAX_AGE_S]
-        return round(statistics.median(recent) * 1000, 1) if recent else None
+        """Median of the recent errors, each weighed by its age (halved every HALF_LIFE_S, so one new error
+        outweighs older ones), faded by the time since the newest (None: none within MAX_AGE_S)."""
+        recent = sorted((error, 0.5 ** (max(0.0, now - at) / HALF_LIFE_S))
+                        for at, error in self.errors if now - at <= MAX_AGE_S)
+        if not recent:
+            return None
+        half, seen = sum(weight for _, weight in recent) / 2, 0.0
+        for error, weight in recent:
+            seen += weight
+            if seen >= half:
+                break
+        fade = 0.5 ** (max(0.0, now - self.errors[-1][0]) / HALF_LIFE_S)
+        return round(error * fade * 1000, 1)
 
 
 class WaitCalibration:

@@ -58,6 +58,10 @@ class EngineTiming:
         self._busy_since = ended if still_busy else None
 
 
+def smoothed(previous: float | None, sample: float) -> float:
+    return sample if previous is None else 0.8 * previous + 0.2 * sample
+
+
 class EngineStopped(RuntimeError):
     """The engine thread is gone: the worker must say so and exit."""
 
@@ -80,6 +84,15 @@ class EngineThread:
         # token budget at a time: floor(queued / budget) such steps predict their wait, ceil(prompt / budget)
         # more its own prefill.
         self.prefill_step_s: float | None = None
+        # How long any step takes now (smoothed, decode-only steps included): a prompt that arrives waits for
+        # the step in flight first, half of one on average, at the batch running now.
+        self.step_s: float | None = None
+        # A step's cost split in two (smoothed): a decode-only step at the batch running now, and what each prefill
+        # token adds to a step beside it. A step that fills the token budget with queued prompts costs
+        # decode_step_s + budget * prefill_token_s: prefill_step_s, measured on the steps that happened to run
+        # prefill (mostly one short prompt), understated it about 3x when prompts arrived together.
+        self.decode_step_s: float | None = None
+        self.prefill_token_s: float | None = None
         # Wall seconds inside step(), and seconds with unfinished work but not inside a step (applying orders,
         # handing outputs over, waiting for the interpreter): how much the worker's other threads cost the engine.
         self.timing = EngineTiming()
@@ -132,6 +145,15 @@ class EngineThread:
         self.tokens_per_s = rate if self.tokens_per_s is None else 0.8 * self.tokens_per_s + 0.2 * rate
         self.prefill_step_s = seconds if self.prefill_step_s is None else 0.8 * self.prefill_step_s + 0.2 * seconds
 
+    def _measure_cost(self, prefill_tokens: int, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        if prefill_tokens <= 0:
+            self.decode_step_s = smoothed(self.decode_step_s, seconds)
+        elif self.decode_step_s is not None:
+            per_token = max(0.0, seconds - self.decode_step_s) / prefill_tokens
+            self.prefill_token_s = smoothed(self.prefill_token_s, per_token)
+
     def _loop(self) -> None:
         name_native_thread(self._thread.name)
         while not self._stop.is_set():
@@ -149,8 +171,11 @@ class EngineThread:
             outputs = self.engine.step()  # a failing step fails its requests, not the thread
             ended = time.perf_counter()
             self.timing.stepped(started, ended, still_busy=self.engine.has_unfinished())
+            seconds = ended - started
+            self.step_s = seconds if self.step_s is None else 0.8 * self.step_s + 0.2 * seconds
             if self.engine.num_prefill_tokens_total > prefill_before:
                 self._measure(self.engine.num_computed_tokens_total - tokens_before, ended - started)
+            self._measure_cost(self.engine.num_prefill_tokens_total - prefill_before, ended - started)
             self.stats = self.engine.stats()
             if outputs:
                 self.deliver(outputs)

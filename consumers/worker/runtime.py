@@ -118,6 +118,9 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
                                tokens_per_s=thread.tokens_per_s if thread is not None else None,
                                prefill_step_ms=thread.prefill_step_s * 1000
                                if thread is not None and thread.prefill_step_s else None,
+                               step_ms=milliseconds(thread and thread.step_s),
+                               decode_step_ms=milliseconds(thread and thread.decode_step_s),
+                               prefill_token_ms=milliseconds(thread and thread.prefill_token_s),
                                max_batched_tokens=self.engine.config.max_num_batched_tokens,
                                incarnation=self.incarnation, attempts=self.held(),
                                dispatch_read_through=self.read_through_at(),
@@ -243,3 +246,8 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
             await self.consumer.stop()
             await self.producer.stop()
             self.stopped.set()
+
+
+def milliseconds(seconds: float | None) -> float | None:
+    """A measured duration for a heartbeat: None until measured (and for a zero, which says nothing)."""
+    return seconds * 1000 if seconds else None

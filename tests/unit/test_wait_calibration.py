@@ -4,7 +4,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from consumers.controller.registry import Demand, WorkerRegistry
-from consumers.worker.calibration import MAX_AGE_S, WINDOW, WaitCalibration, promise_ratio
+from consumers.worker.calibration import HALF_LIFE_S, MAX_AGE_S, WINDOW, WaitCalibration, promise_ratio
 from schemas.dispatch import StartAttempt
 from schemas.registry_events import WorkerHeartbeat
 
@@ -30,6 +30,21 @@ def test_the_error_is_the_median_of_recent_interactive_waits_against_the_uncorre
     assert waits.error_ms(10.0 + MAX_AGE_S + 1) is None  # old errors say nothing of the load now
 
 
+def test_an_error_nothing_confirms_fades_so_a_refusing_controller_lets_an_attempt_through_again():
+    waits = WaitCalibration()
+    for observed in (3.3, 3.3, 3.3):  # a cold start: 3 s late, and then nothing admitted to say otherwise
+        waits.observe(order(), observed, now=10.0)
+    assert waits.error_ms(10.0) == 3000.0
+    assert waits.error_ms(10.0 + HALF_LIFE_S) == 1500.0
+    assert waits.error_ms(10.0 + 3 * HALF_LIFE_S) == 375.0
+    # One attempt let through measures 0.1 s: it weighs 1, the three old errors 1/8 each, so it is the median
+    # (a plain median of the four would be 3 s again, and refuse for another half-life per admission).
+    waits.observe(order(), 0.4, now=10.0 + 3 * HALF_LIFE_S)
+    assert waits.error_ms(10.0 + 3 * HALF_LIFE_S) == 100.0
+    waits.observe_ttft(order(model_ttft_ms=500), 2.5, now=5.0)  # the TTFT's error fades alike
+    assert waits.ttft_error_ms(5.0 + HALF_LIFE_S) == 1000.0
+
+
 def test_the_window_follows_a_change_of_load():
     waits = WaitCalibration()
     for _ in range(WINDOW):
@@ -46,9 +61,9 @@ def test_the_promise_ratio_is_observed_over_promised_with_a_floor_for_an_idle_wo
 
 
 def heartbeat(**fields) -> WorkerHeartbeat:
-    fields = {"queued_tokens": 400, **fields}
+    fields = {"queued_tokens": 400, "running": 0, **fields}
     return WorkerHeartbeat(worker_id="w1", model_versions=("m@1",), total_blocks=64, free_blocks=64, block_size=16,
-                           running=0, lease_ms=5000, occurred_at=NOW, tokens_per_s=200.0, **fields)
+                           lease_ms=5000, occurred_at=NOW, tokens_per_s=200.0, **fields)
 
 
 def test_the_controller_adds_the_reported_error_to_interactive_predictions_and_sends_both():
@@ -110,7 +125,7 @@ def test_the_worker_records_observed_over_predicted_ttft_at_the_first_token_only
     first = RequestOutput("g1#1", (5,), "a", None, 2, 1, 0, queue_time_s=0.2)
     observe_output(metrics, attempt, first, now=11.0, waits=waits)
     observe_output(metrics, attempt, RequestOutput("g1#1", (6,), "b", None, 2, 2, 0), now=11.5, waits=waits)
-    assert waits.ttft_error_ms(11.5) == 300.0  # 1.0 s observed against the model's 0.7 s, once
+    assert waits.ttft_error_ms(11.0) == 300.0  # 1.0 s observed against the model's 0.7 s, once, at 11.0
     assert waits.error_ms(11.5) == 0.0  # the wait, 0.1 s accepted + 0.2 s queued, against its model's 0.3 s
     sample = metrics.registry.get_sample_value
     assert sample("ledgerlm:ttft_promise_ratio_sum", {"tier": "interactive"}) == 1.25  # 1.0 s observed / 0.8 s
@@ -118,3 +133,42 @@ def test_the_worker_records_observed_over_predicted_ttft_at_the_first_token_only
     unpromised = Attempt(order(ttft_ms=None, tier="batch"), Reservation("g1#1", 1), admitted_at=10.0)
     observe_output(metrics, unpromised, first, now=11.0)
     assert sample("ledgerlm:ttft_promise_ratio_count", {"tier": "batch"}) is None
+
+
+def test_a_busy_worker_predicts_half_the_step_in_flight_before_the_queue():
+    registry = WorkerRegistry()
+    registry.observe(heartbeat(queued_tokens=0, step_ms=240.0, prefill_step_ms=400.0, max_batched_tokens=512,
+                               running=3))
+    now = NOW.timestamp()
+    assert registry.choose("m@1", Demand(4, 12), 5.0, 200.0, now).model_queue_s == 0.12
+    registry.observe(heartbeat(queued_tokens=1100, step_ms=240.0, prefill_step_ms=400.0, max_batched_tokens=512,
+                               running=3))
+    assert registry.choose("m@1", Demand(4, 12), 5.0, 200.0, now).model_queue_s == 0.12 + 0.8  # 2 whole steps
+    idle = WorkerRegistry()
+    idle.observe(heartbeat(queued_tokens=0, step_ms=240.0, running=0))
+    assert idle.choose("m@1", Demand(4, 12), 5.0, 200.0, now).model_queue_s == 0.0  # nothing in flight
+
+
+def test_whole_queued_steps_cost_a_decode_step_plus_the_budget_at_the_measured_cost_of_a_prefill_token():
+    registry = WorkerRegistry()
+    # A mean prefill step of 250 ms (one short prompt beside the decodes) would predict 2 x 0.25 = 0.5 s for
+    # 1,100 queued tokens; a full step is 100 ms + 512 x 1 ms = 0.612 s, so 1.224 s, plus half a step in flight.
+    registry.observe(heartbeat(queued_tokens=1100, step_ms=200.0, prefill_step_ms=250.0, max_batched_tokens=512,
+                               decode_step_ms=100.0, prefill_token_ms=1.0, running=4))
+    choice = registry.choose("m@1", Demand(128, 12), 5.0, 200.0, NOW.timestamp())
+    assert abs(choice.model_queue_s - (0.1 + 1.224)) < 1e-9
+    # its own prompt: one step's decodes plus 128 prefill tokens
+    assert abs(choice.model_ttft_s - (0.1 + 1.224 + 0.1 + 0.128)) < 1e-9
+
+
+def test_the_engine_thread_splits_a_steps_cost_into_a_decode_step_and_a_prefill_tokens_share():
+    from types import SimpleNamespace
+
+    from consumers.worker.engine_thread import EngineThread
+
+    thread = EngineThread(SimpleNamespace(stats=lambda: None), print, print, {})
+    thread._measure_cost(0, 0.1)  # noqa: SLF001 (a decode-only step: 100 ms)
+    thread._measure_cost(200, 0.5)  # a step with 200 prefill tokens: 400 ms more, 2 ms a token
+    assert (thread.decode_step_s, thread.prefill_token_s) == (0.1, 0.002)
+    thread._measure_cost(0, 0.2)  # a bigger batch: the decode step grows, smoothed
+    assert abs(thread.decode_step_s - 0.12) < 1e-12 and thread.prefill_token_s == 0.002
