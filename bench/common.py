@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from infra.ports import listen_port
 from plumbing.settings import REPO_ROOT
 
 
@@ -54,9 +54,8 @@ async def wait_ready(http, proc: subprocess.Popen, log: Path, timeout_s: float =
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a process to listen on (outside the ephemeral range: see infra.ports)."""
+    return listen_port()
 
 
 def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 20) -> None:

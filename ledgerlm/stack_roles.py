@@ -23,6 +23,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from infra.ports import listen_port
 from plumbing.settings import Settings
 
 KINDS = ("controller", "worker", "projector", "gateway", "intake", "export")  # start order; `down` stops in reverse
@@ -83,18 +84,12 @@ def port_is_free(port: int) -> bool:
         return True
 
 
-def ephemeral_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class PortPicker:
-    """Preferred ports when free, else ephemeral ones; never the same port twice (the processes it picks for
+    """Preferred ports when free, else free ones outside the ephemeral range; never the same port twice (the processes it picks for
     have not bound theirs yet, so the OS cannot tell)."""
 
     def __init__(self, is_free: Callable[[int], bool] = port_is_free,
-                 any_port: Callable[[], int] = ephemeral_port) -> None:
+                 any_port: Callable[[], int] = listen_port) -> None:
         self.is_free, self.any_port = is_free, any_port
         self.taken: set[int] = set()
 

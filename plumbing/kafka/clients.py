@@ -52,8 +52,9 @@ def make_producer(kafka: Kafka, transactional_id: str | None = None, client_id: 
 def make_consumer(kafka: Kafka, *topics: str, group_id: str | None = None,
                   auto_offset_reset: str = "earliest", client_id: str = "ledgerlm",
                   fetch_min_bytes: int = 1, fetch_max_wait_ms: int = LONG_POLL_MS,
-                  **timeouts: int) -> AIOKafkaConsumer:
-    """A read-committed consumer that never commits on its own; `timeouts` are aiokafka's (a group member's
+                  isolation_level: str = "read_committed", **timeouts: int) -> AIOKafkaConsumer:
+    """A consumer that never commits on its own, read-committed unless told (`read_uncommitted` sees records
+    of transactions still open: for reading a log's true end); `timeouts` are aiokafka's (a group member's
     session_timeout_ms and heartbeat_interval_ms, request_timeout_ms)."""
     consumer = AIOKafkaConsumer(
         *topics,
@@ -62,7 +63,7 @@ def make_consumer(kafka: Kafka, *topics: str, group_id: str | None = None,
         group_id=group_id,
         enable_auto_commit=False,
         auto_offset_reset=auto_offset_reset,
-        isolation_level="read_committed",
+        isolation_level=isolation_level,
         fetch_min_bytes=fetch_min_bytes,
         fetch_max_wait_ms=fetch_max_wait_ms,
         **timeouts,

@@ -182,11 +182,9 @@ class Process:
 
 
 def free_port() -> int:
-    import socket
+    from infra.ports import listen_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return listen_port()
 
 
 async def start_gateway_process(env: dict[str, str], log: Path, port: int, timeout_s: float = 60) -> Process:

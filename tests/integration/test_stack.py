@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from ledgerlm.stack import Stack, alive, demo_generation, read_stack, stack_file, write_stack
-from ledgerlm.stack_roles import ephemeral_port as free_port, port_is_free
+from infra.ports import listen_port as free_port
+from ledgerlm.stack_roles import port_is_free
 from plumbing.settings import Settings
 from tests.waiting import wait_until_sync
 

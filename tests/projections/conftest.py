@@ -173,10 +173,7 @@ def stripe_mock():
     installed = subprocess.run(["bash", str(REPO_ROOT / "infra/scripts/stripe-mock.sh"), str(bin_dir)],
                                capture_output=True, text=True)
     assert installed.returncode == 0, f"stripe-mock could not be installed: {installed.stderr.strip()}"
-    def free_port() -> int:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            return probe.getsockname()[1]
+    from infra.ports import listen_port as free_port
 
     port = free_port()
     process = subprocess.Popen([str(bin_dir / "stripe-mock"), "-http-addr", f"127.0.0.1:{port}",

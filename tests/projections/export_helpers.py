@@ -6,7 +6,6 @@ import uuid
 from contextlib import asynccontextmanager
 
 import psycopg
-from aiokafka import AIOKafkaConsumer
 
 from plumbing.kafka.clients import make_consumer, partitions_of, publish
 from projections.export import ledger
@@ -25,7 +24,7 @@ from tests.waiting import wait_until
 async def log_ends(bootstrap: str, topic: str = GENERATIONS, committed: bool = True) -> dict[int, int]:
     """Each partition's end: as a read-committed reader sees it (before any transaction still open), or, with
     `committed=False`, after every record written so far."""
-    consumer = make_consumer(bootstrap) if committed else AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    consumer = make_consumer(bootstrap, isolation_level="read_committed" if committed else "read_uncommitted")
     await consumer.start()
     try:
         ends = await consumer.end_offsets(await partitions_of(consumer, topic))

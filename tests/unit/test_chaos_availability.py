@@ -5,7 +5,6 @@ on its port) and one that drops the connection before answering or in the middle
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import httpx
 import pytest
@@ -15,13 +14,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from bench.chaos.fleet import REPLICA_FAULTS, SINGLE_FAULTS, build_fleet, faults_for
 from bench.chaos.gateways import Availability, GatewayRoute
+from infra.ports import listen_port
 from tests.waiting import wait_until
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return listen_port()
 
 
 def make_gateway(status: int = 200, cut_stream: bool = False) -> FastAPI:
