@@ -190,6 +190,24 @@ class Projector:
             if self.on_commit is not None:
                 self.on_commit(name, item.events)
 
+    async def _pass_skipped(self, consumer: AIOKafkaConsumer) -> None:
+        """After a poll with no records: move each stored offset on to where the consumer reads next, past the
+        transaction markers and aborted batches it skipped. Those take offsets no record comes back for, so a
+        partition whose last write was a transaction's would otherwise stand one behind its end for good: a lag
+        of 1 that never clears, and an exporter (which never passes this projection) that never catches up."""
+        items = []
+        for tp in consumer.assignment():
+            stored = self.stored.get(tp)
+            if stored is not None and await consumer.position(tp) > stored:
+                items.append(Batch(self.by_topic[tp.topic], tp, await consumer.position(tp)))
+        if not items:
+            return
+        try:
+            await asyncio.to_thread(self._commit_batches, items)
+        except StaleOffset:
+            self.stats.stale_refusals += 1
+            await self._seek_stored(consumer, [i.tp for i in items])
+
     def _unapplied(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
                    records: list[ConsumerRecord]) -> list[ConsumerRecord]:
         """The records at or after the stored offset; when none is, the consumer is sent there."""
@@ -232,7 +250,8 @@ class Projector:
                     for item, item_refused in zip(items, refused):
                         store_refused(self.conn, item.projection.name, item.tp,
                                       [(item.offsets[id(e)], e, reason) for e, reason in item_refused])
-                    self._maybe_crash()
+                    if any(item.events for item in items):
+                        self._maybe_crash()
                 self.conn.commit()
                 for item in items:
                     self.stored[item.tp] = item.next_offset
@@ -255,6 +274,8 @@ class Projector:
             by_projection.setdefault(item.projection.name, []).append(item)
         for group in by_projection.values():
             events = [event for item in group for event in item.events]
+            if not events:  # offsets moved past markers only
+                continue
             projection = group[0].projection
             began = time.perf_counter()
             for event, reason in apply_refusing(self.conn, projection, events):
@@ -298,6 +319,8 @@ class Projector:
                     pace_fetches(consumer, *(GATHER if gathering else (1, LONG_POLL_MS)))
                 if batches:
                     await self._apply_polled(consumer, batches)
+                else:
+                    await self._pass_skipped(consumer)
                 if time.monotonic() - last_lag > lag_every_s and await self._report_lag(consumer):
                     last_lag = time.monotonic()
         finally:
@@ -345,6 +368,8 @@ class Projector:
                            if (kept := [r for r in records if r.offset < targets[tp]])}
                 if batches:
                     await self._apply_polled(consumer, batches)
+                else:
+                    await self._pass_skipped(consumer)
                 # Positions, not offsets: transaction markers leave gaps a record never fills.
                 positions.update({tp: await consumer.position(tp) for tp in pending})
                 pending = {tp for tp in pending if positions[tp] < targets[tp]}

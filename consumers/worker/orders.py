@@ -114,15 +114,15 @@ class DispatchOrders:
             await self.on_start(self.waiting.pop_head(), reservation)
 
     async def end_unstarted(self, order: StartAttempt, reason: str) -> None:
-        """End an attempt that never reached the engine: terminal event, final stream event, release. If that
+        """End an attempt that never reached the engine: terminal event, release, final stream event. If that
         cannot be written, it is given up in the heartbeats (`fenced`) for the controller to end."""
         scoped = {"tenant_id": order.tenant_id, "generation_id": order.generation_id, "epoch": order.epoch}
         terminal = Expired(**scoped) if reason == "expired" else Canceled(**scoped)
         try:
             await acked(self.send, GENERATIONS, terminal)
-            await acked(self.send, TOKENS, StreamFinished(**scoped, seq=1, reason=reason, usage=terminal.usage))
             await acked(self.send, COMMANDS, ReleaseReservation(**scoped, used_tokens=0, end_reason=reason,
                                                                 plane=self.settings.controller_group))
+            await acked(self.send, TOKENS, StreamFinished(**scoped, seq=1, reason=reason, usage=terminal.usage))
         except Exception as exc:
             log.error("queued attempt end not written generation=%s epoch=%d reason=%s error=%s",
                       order.generation_id, order.epoch, reason, type(exc).__name__)

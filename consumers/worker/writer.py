@@ -126,9 +126,12 @@ class AttemptWriter:
         task.add_done_callback(self._finished)
 
     async def finish(self, attempt: Attempt) -> None:
-        """Final watermark and terminal event acknowledged, then the final stream event, then the release;
-        only then does the attempt leave the heartbeats' list and its room go to waiting attempts. If any of
-        it cannot be written, the attempt is given up (`fenced`): the controller ends it and releases."""
+        """Final watermark and terminal event acknowledged, then the release, then the final stream event: a
+        client that has read its stream's end and posts again is decided after the release (both on its
+        tenant's commands partition), so a tenant at its concurrency limit is not refused for a slot it no
+        longer holds. Only then does the attempt leave the heartbeats' list and its room go to waiting
+        attempts. If any of it cannot be written, the attempt is given up (`fenced`): the controller ends it
+        and releases (a final stream event no worker wrote, the gateway writes after a grace)."""
         await self.flush(attempt, time.monotonic())  # a choice that ended without output still says so
         kind, finish_reason, end_reason = FINISHES[attempt.end_reason()]
         usage = attempt.usage
@@ -137,11 +140,11 @@ class AttemptWriter:
         try:
             await attempt.deliveries.settled()  # the end bills the whole stream: all of it on the log first
             await asyncio.gather(*[await self.send(GENERATIONS, watermark), await self.send(GENERATIONS, terminal)])
-            await acked(self.send, TOKENS, StreamFinished(**attempt.scoped, seq=attempt.next_seq(), reason=end_reason,
-                                                          usage=usage))
             await acked(self.send, COMMANDS, ReleaseReservation(
                 **attempt.scoped, used_tokens=attempt.used_tokens, end_reason=end_reason,
                 plane=self.settings.controller_group))
+            await acked(self.send, TOKENS, StreamFinished(**attempt.scoped, seq=attempt.next_seq(), reason=end_reason,
+                                                          usage=usage))
         except Exception as exc:
             log.error("attempt end not written generation=%s epoch=%d reason=%s error=%s",
                       attempt.start.generation_id, attempt.start.epoch, end_reason, type(exc).__name__)

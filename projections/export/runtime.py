@@ -245,7 +245,9 @@ class Exporter:
         try:
             while not stop.is_set():
                 batches = await consumer.getmany(timeout_ms=1000, max_records=self.max_records)
-                held = bool(batches) and await self._export_polled(consumer, stop, batches)
+                # A poll with no records may still have moved past markers (see `take`): those offsets count too.
+                held = (bool(batches) or bool(await self._positions(consumer))) and await self._export_polled(
+                    consumer, stop, batches)
                 if time.monotonic() - last_lag > lag_every_s and await self._report_lag(consumer):
                     last_lag = time.monotonic()
                 if held:

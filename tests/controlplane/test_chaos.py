@@ -25,7 +25,8 @@ async def test_every_fault_once_under_load_loses_repeats_and_overbills_nothing(m
     assert broker["killed"] is True and broker["down_s"] == 4.0
     assert report["generations"]["admitted"] == report["generations"]["started"] >= 16  # every request admitted
     assert report["reports"]["usage_reports_on_log"] > 0 and report["fault_log"][-2]["reports"] > 0
-    assert report["export"]["caught_up"] and report["export"]["distinct_delivered"] == report["export"]["sealed"]
+    assert report["export"]["caught_up"] and report["export"]["distinct_delivered"] == report["export"]["sealed"], \
+        report["export"]
     assert report["probe"]["acked"] > 0
     topics = report["topics"]
     assert topics["replication_factor"] == 3 and topics["drift"] == 0

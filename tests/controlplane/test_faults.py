@@ -33,7 +33,10 @@ async def test_worker_kill9_interrupts_within_lease_releases_and_ignores_late_to
         await wait_until(lambda: bridge.view(gen_id), 10, what="the bridge's view")
         watcher = AsgiClient(gateway._transport.app, f"/v1/generations/{gen_id}/events", headers)
         watching = asyncio.create_task(watcher.run(timeout_s=30))
-        await wait_until(lambda: (v := bridge.view(gen_id)) and len(v.tokens) >= 8, 30, what="tokens")
+        # A watermark goes out once the stream events it covers are acknowledged: wait until one is on the log.
+        await wait_until(lambda: (v := bridge.view(gen_id)) and len(v.tokens) >= 8
+                         and v.usage.get(1) is not None and v.usage[1].generated_output_tokens >= 4, 30,
+                         what="tokens and a watermark")
         proc.kill9()
         killed_at = time.monotonic()
     finally:

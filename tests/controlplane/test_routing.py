@@ -85,7 +85,7 @@ async def test_work_waits_on_a_full_worker_and_interactive_starts_before_batch(g
     assert {v.worker_id for v in views.values()} == {small.worker_id}
     # One attempt at a time fits: the interactive one, queued after the batch one, ran first.
     assert views["chat"].tokens[-1].occurred_at <= views["batch"].tokens[0].occurred_at
-    # The final stream event goes out before the release is acknowledged: the blocks come back just after it.
+    # The blocks come back once the final stream event is acknowledged, just after the client reads it.
     await wait_until(lambda: not small.waiting and small.free_blocks == 8, 10, what="every block free")
 
 

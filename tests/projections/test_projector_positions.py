@@ -12,7 +12,7 @@ import uuid
 import psycopg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from plumbing.kafka.clients import make_consumer, publish
+from plumbing.kafka.clients import make_consumer, make_producer, publish
 from projections.lifecycle import LifecycleProjection
 from projections.offsets import load_offsets
 from projections.runtime import Projector
@@ -123,3 +123,38 @@ async def test_an_assignment_during_a_batch_seeks_from_committed_offsets(produce
         assert one(conn, ATTEMPT, gen.generation_id) == (None, None)
     assert projector.stats.applied == {"generations": 3}
     assert stored_offset(projection_db, tp) == last + 1
+
+
+async def test_a_partition_whose_last_write_was_a_transaction_is_passed_to_its_end(bootstrap, projection_db):
+    """The commit marker after a transaction's record takes an offset no record comes back for: after a poll
+    with no records the projector's stored offset moves on past it, to the partition's end."""
+    gen = Gen(tenant_id="marker-tenant", generation_id=f"gen-{uuid.uuid4().hex[:12]}")
+    producer = make_producer(bootstrap, transactional_id=f"test-marker-{uuid.uuid4().hex[:8]}")
+    await producer.start()
+    try:
+        async with producer.transaction():
+            sent = await publish(producer, GENERATIONS, gen.admitted())
+    finally:
+        await producer.stop()
+    tp = TopicPartition(GENERATIONS, sent.partition)
+    projector = Projector(bootstrap, projection_db, [LifecycleProjection()])
+    consumer = make_consumer(bootstrap)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, sent.offset)
+        await apply_through(projector, consumer, tp, sent.offset)
+        assert stored_offset(projection_db, tp) == sent.offset + 1  # the record's own next offset
+
+        async def at_the_end() -> tuple[int, int]:
+            if not await consumer.getmany(tp, timeout_ms=200):
+                await projector._pass_skipped(consumer)
+            return stored_offset(projection_db, tp), await consumer.position(tp)
+
+        stored, position = await wait_until(at_the_end, 30, step_s=0, accept=lambda at: at[0] == at[1] > sent.offset + 1,
+                                            what=lambda at: f"the stored offset at the position past the marker {at}")
+    finally:
+        await consumer.stop()
+        projector.close()
+    assert projector.stats.applied == {"generations": 1}
+    assert stored >= sent.offset + 2
