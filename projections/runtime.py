@@ -63,10 +63,14 @@ Divert = Callable[[ConsumerRecord], Awaitable[Envelope | None]]
 
 @dataclass
 class Batch:
-    """One partition's decoded records of a poll, and the offset the projection moves to."""
+    """One partition's decoded records of a poll: the stored offset they were read against, and the one the
+    projection moves to. The commit expects the former: the rebalance listener may load a newer stored offset
+    (another member's progress) while the batch is decoded or committed, and a batch committed against that
+    one would apply its records a second time."""
 
     projection: Projection
     tp: TopicPartition
+    expected: int | None
     next_offset: int
     events: list[Envelope] = field(default_factory=list)
     offsets: dict[int, int] = field(default_factory=dict)  # id(event) -> its record's offset
@@ -157,11 +161,12 @@ class Projector:
         """Every partition's records of one poll in one Postgres transaction, offsets included."""
         items: list[Batch] = []
         for tp, polled in batches.items():
-            records = self._unapplied(consumer, tp, polled)
+            stored = self.stored.get(tp)
+            records = self._unapplied(consumer, tp, polled, stored)
             if not records:
                 continue
             projection = self.by_topic[tp.topic]
-            item = Batch(projection, tp, records[-1].offset + 1)
+            item = Batch(projection, tp, stored, records[-1].offset + 1)
             for record in records:
                 event = await self.divert(record)
                 if event is None:
@@ -196,10 +201,11 @@ class Projector:
         partition whose last write was a transaction's would otherwise stand one behind its end for good: a lag
         of 1 that never clears, and an exporter (which never passes this projection) that never catches up."""
         items = []
-        for tp in consumer.assignment():
+        for tp in list(consumer.assignment()):
             stored = self.stored.get(tp)
-            if stored is not None and await consumer.position(tp) > stored:
-                items.append(Batch(self.by_topic[tp.topic], tp, await consumer.position(tp)))
+            position = await consumer.position(tp)
+            if stored is not None and position > stored:
+                items.append(Batch(self.by_topic[tp.topic], tp, stored, position))
         if not items:
             return
         try:
@@ -209,9 +215,8 @@ class Projector:
             await self._seek_stored(consumer, [i.tp for i in items])
 
     def _unapplied(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
-                   records: list[ConsumerRecord]) -> list[ConsumerRecord]:
+                   records: list[ConsumerRecord], stored: int | None) -> list[ConsumerRecord]:
         """The records at or after the stored offset; when none is, the consumer is sent there."""
-        stored = self.stored.get(tp)
         if stored is None or records[0].offset >= stored:
             return records
         fresh = [r for r in records if r.offset >= stored]
@@ -245,7 +250,7 @@ class Projector:
                     # new owner's row lock and gets StaleOffset, before it writes anything twice
                     for item in sorted(items, key=lambda i: (i.projection.name, i.tp.topic, i.tp.partition)):
                         advance(self.conn, item.projection.name, item.tp.topic, item.tp.partition,
-                                self.stored.get(item.tp), item.next_offset)
+                                item.expected, item.next_offset)
                     refused = self._apply_grouped(items)
                     for item, item_refused in zip(items, refused):
                         store_refused(self.conn, item.projection.name, item.tp,

@@ -56,9 +56,12 @@ class ExporterStats:
 
 @dataclass
 class Taken:
-    """One partition's records of a poll the exporter handles now, and where it stands after them."""
+    """One partition's records of a poll the exporter handles now, the stored offset they were taken against
+    (what the commit expects: the rebalance listener may load another member's newer one meanwhile) and
+    where it stands after them."""
 
     tp: TopicPartition
+    expected: int | None
     next_offset: int
     terminal: dict[str, ConsumerRecord] = field(default_factory=dict)  # generation id -> its first terminal
 
@@ -96,7 +99,7 @@ def take(stored: dict[TopicPartition, int | None], batches: dict[TopicPartition,
         next_offset = max(ready[-1].offset + 1 if ready else 0, read_to)
         if next_offset <= (at or 0):
             continue
-        item = Taken(tp, next_offset)
+        item = Taken(tp, at, next_offset)
         for record in ready:
             if dict(record.headers or ()).get("type") in TERMINAL_HEADERS and record.key is not None:
                 item.terminal.setdefault(record.key.decode(), record)
@@ -192,7 +195,7 @@ class Exporter:
         with self.conn.transaction():
             ledger.record(self.conn, self.sink.name, outcomes)
             for item in taken:
-                ledger.advance_position(self.conn, self.sink.name, item.tp.partition, self.stored.get(item.tp),
+                ledger.advance_position(self.conn, self.sink.name, item.tp.partition, item.expected,
                                         item.next_offset)
         for item in taken:
             self.stored[item.tp] = item.next_offset

@@ -80,7 +80,8 @@ async def test_a_stale_projector_is_refused_by_compare_and_set(emit, bootstrap, 
         await current.catch_up()  # the new owner applies everything
         tp = next(tp for tp in partitions if current.stored.get(tp) != stale.stored.get(tp))
         with pytest.raises(StaleOffset):
-            stale._commit_batches([Batch(LifecycleProjection(), tp, current.stored[tp] + 1, [gen.report(2, 99)])])
+            stale._commit_batches([Batch(LifecycleProjection(), tp, stale.stored.get(tp), current.stored[tp] + 1,
+                                          [gen.report(2, 99)])])
     finally:
         stale.close()
         current.close()

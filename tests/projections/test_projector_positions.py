@@ -158,3 +158,44 @@ async def test_a_partition_whose_last_write_was_a_transaction_is_passed_to_its_e
         projector.close()
     assert projector.stats.applied == {"generations": 1}
     assert stored >= sent.offset + 2
+
+
+async def test_a_batch_is_committed_against_the_offset_it_was_read_from(producer, bootstrap, projection_db):
+    """The rebalance listener may load a newer stored offset (another member's progress) while a batch is still
+    being decoded: the batch must then be refused as stale, not committed against the newer offset and applied
+    a second time."""
+    from projections.runtime import decode_quietly
+
+    gen, tp, first, last = await interrupted_before_started(producer)
+    other = Projector(bootstrap, projection_db, [LifecycleProjection()])
+    other_consumer = make_consumer(bootstrap)
+    consumer = make_consumer(bootstrap)
+    reassigned: list[int] = []
+
+    async def decode_after_a_reassignment(record):
+        if not reassigned:  # the other member applies the same records; then this member's listener runs
+            await apply_through(other, other_consumer, tp, last)
+            await projector._seek_stored(consumer, [tp])
+            reassigned.append(projector.stored[tp])
+        return await decode_quietly(record)
+
+    projector = Projector(bootstrap, projection_db, [LifecycleProjection()], divert=decode_after_a_reassignment)
+    await other_consumer.start()
+    await consumer.start()
+    try:
+        for member, member_consumer in ((other, other_consumer), (projector, consumer)):
+            member_consumer.assign([tp])
+            await member._seek_stored(member_consumer, [tp])
+        await apply_through(projector, consumer, tp, last)
+    finally:
+        await consumer.stop()
+        await other_consumer.stop()
+        projector.close()
+        other.close()
+    assert reassigned == [last + 1]
+    with psycopg.connect(projection_db) as conn:
+        assert one(conn, ATTEMPT, gen.generation_id) == (None, None)  # applied twice, the Interrupted closes it
+    assert other.stats.applied == {"generations": 3}
+    assert projector.stats.applied.get("generations", 0) == 0
+    assert projector.stats.stale_refusals == 1
+    assert stored_offset(projection_db, tp) == last + 1

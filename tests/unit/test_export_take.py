@@ -64,3 +64,11 @@ def test_nothing_moves_when_the_position_is_not_past_the_stored_offset_or_the_pr
     assert take({P0: 30}, {}, {P0: 30}, {0: 50})[0] == []
     assert take({P0: 30}, {}, {P0: 45}, {0: 25})[0] == []
     assert take({}, {}, {}, {0: 25})[0] == []
+
+
+def test_each_partition_is_committed_against_the_stored_offset_it_was_taken_from():
+    # the listener may load a newer stored offset before the commit: the commit must expect this one
+    stored = {P0: 10, P1: None}
+    taken, _, _ = take(stored, {P0: [record(P0, 10)], P1: [record(P1, 0)]}, {P0: 11, P1: 1}, {0: 50, 1: 50})
+    stored[P0] = 30
+    assert {item.tp: (item.expected, item.next_offset) for item in taken} == {P0: (10, 11), P1: (None, 1)}
