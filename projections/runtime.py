@@ -195,17 +195,23 @@ class Projector:
             if self.on_commit is not None:
                 self.on_commit(name, item.events)
 
-    async def _pass_skipped(self, consumer: AIOKafkaConsumer) -> None:
+    async def _pass_skipped(self, consumer: AIOKafkaConsumer,
+                            targets: dict[TopicPartition, int] | None = None) -> None:
         """After a poll with no records: move each stored offset on to where the consumer reads next, past the
         transaction markers and aborted batches it skipped. Those take offsets no record comes back for, so a
         partition whose last write was a transaction's would otherwise stand one behind its end for good: a lag
-        of 1 that never clears, and an exporter (which never passes this projection) that never catches up."""
+        of 1 that never clears, and an exporter (which never passes this projection) that never catches up.
+
+        With `targets` (a catch-up), only those partitions and never past a target: records at or after it
+        were read and dropped, not applied, and a replay must stand where live stands, not one short of it."""
         items = []
-        for tp in list(consumer.assignment()):
+        for tp in list(consumer.assignment() if targets is None else targets):
             stored = self.stored.get(tp)
-            position = await consumer.position(tp)
-            if stored is not None and position > stored:
-                items.append(Batch(self.by_topic[tp.topic], tp, stored, position))
+            to = await consumer.position(tp)
+            if targets is not None:
+                to = min(to, targets[tp])
+            if stored is not None and to > stored:
+                items.append(Batch(self.by_topic[tp.topic], tp, stored, to))
         if not items:
             return
         try:
@@ -374,12 +380,13 @@ class Projector:
                 if batches:
                     await self._apply_polled(consumer, batches)
                 else:
-                    await self._pass_skipped(consumer)
+                    await self._pass_skipped(consumer, targets)
                 # Positions, not offsets: transaction markers leave gaps a record never fills.
                 positions.update({tp: await consumer.position(tp) for tp in pending})
                 pending = {tp for tp in pending if positions[tp] < targets[tp]}
                 if on_progress is not None:
                     on_progress(positions)
+            await self._pass_skipped(consumer, targets)  # markers just before a target: stand at it, as live does
         finally:
             await consumer.stop()
         self.stats.lag = {}

@@ -47,6 +47,17 @@ async def apply_through(projector: Projector, consumer: AIOKafkaConsumer, tp: To
     await wait_until(past_last, 30, step_s=0, what=lambda _: f"the consumer past {last}, stuck at {positions[-1]}")
 
 
+async def publish_in_a_transaction(bootstrap: str, event):
+    """The event's record metadata; a commit marker follows the record in its partition."""
+    producer = make_producer(bootstrap, transactional_id=f"test-marker-{uuid.uuid4().hex[:8]}")
+    await producer.start()
+    try:
+        async with producer.transaction():
+            return await publish(producer, GENERATIONS, event)
+    finally:
+        await producer.stop()
+
+
 def stored_offset(database_url: str, tp: TopicPartition) -> int:
     with psycopg.connect(database_url) as conn:
         return load_offsets(conn, "generations", GENERATIONS)[tp.partition]
@@ -129,13 +140,7 @@ async def test_a_partition_whose_last_write_was_a_transaction_is_passed_to_its_e
     """The commit marker after a transaction's record takes an offset no record comes back for: after a poll
     with no records the projector's stored offset moves on past it, to the partition's end."""
     gen = Gen(tenant_id="marker-tenant", generation_id=f"gen-{uuid.uuid4().hex[:12]}")
-    producer = make_producer(bootstrap, transactional_id=f"test-marker-{uuid.uuid4().hex[:8]}")
-    await producer.start()
-    try:
-        async with producer.transaction():
-            sent = await publish(producer, GENERATIONS, gen.admitted())
-    finally:
-        await producer.stop()
+    sent = await publish_in_a_transaction(bootstrap, gen.admitted())
     tp = TopicPartition(GENERATIONS, sent.partition)
     projector = Projector(bootstrap, projection_db, [LifecycleProjection()])
     consumer = make_consumer(bootstrap)
@@ -199,3 +204,32 @@ async def test_a_batch_is_committed_against_the_offset_it_was_read_from(producer
     assert projector.stats.applied.get("generations", 0) == 0
     assert projector.stats.stale_refusals == 1
     assert stored_offset(projection_db, tp) == last + 1
+
+
+async def test_a_catch_up_stands_past_markers_before_its_target_and_applies_nothing_at_it(producer, bootstrap,
+                                                                                         projection_db):
+    """A replay to live's offsets must end where live stands: live moves past a commit marker after an empty
+    poll, so the replay passes the markers before its target too, but never the record at the target."""
+    inside, after = (Gen(tenant_id="catch-up-tenant", generation_id=f"gen-{uuid.uuid4().hex[:12]}") for _ in "ab")
+    sent = await publish_in_a_transaction(bootstrap, inside.admitted())
+    tp = TopicPartition(GENERATIONS, sent.partition)
+    ends = make_consumer(bootstrap, isolation_level="read_uncommitted")  # its end counts the marker once written
+    await ends.start()
+    try:  # the broker writes the commit marker after the commit returns
+        await wait_until(lambda: ends.end_offsets([tp]), 30, step_s=0.05, accept=lambda at: at[tp] > sent.offset + 1,
+                         what="the commit marker")
+    finally:
+        await ends.stop()
+    beyond = await publish(producer, GENERATIONS, after.admitted(), partition=tp.partition)
+    assert beyond.offset >= sent.offset + 2  # the commit marker lies between them
+    projector = Projector(bootstrap, projection_db, [LifecycleProjection()])
+    try:
+        await projector.catch_up({tp: beyond.offset})
+    finally:
+        projector.close()
+    assert stored_offset(projection_db, tp) == beyond.offset
+    with psycopg.connect(projection_db) as conn:
+        assert one(conn, "SELECT count(*) FROM generations WHERE generation_id = ANY(%s)",
+                   [inside.generation_id, after.generation_id]) == (1,)
+        assert one(conn, "SELECT status FROM generations WHERE generation_id = %s", inside.generation_id) == (
+            "admitted",)

@@ -59,7 +59,7 @@ async def test_a_frozen_process_is_stopped_for_the_freeze_and_running_after_it_e
         await wait_until(lambda: state_of(proc.pid) == "T", 10, what="the process stopped")
         freezing.cancel()
         await asyncio.gather(freezing, return_exceptions=True)
-        assert state_of(proc.pid) in ("S", "R")
+        assert state_of(proc.pid) in ("S", "R", "D")  # running again (D: a moment of disk wait, on a busy machine)
     finally:
         proc.kill()
         proc.wait()
