@@ -39,7 +39,7 @@ import psycopg
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from plumbing.kafka.clients import LONG_POLL_MS, Kafka, make_consumer, pace_fetches, partitions_of
+from plumbing.kafka.clients import LONG_POLL_MS, PATIENT_MEMBER, Kafka, make_consumer, pace_fetches, partitions_of
 from plumbing.telemetry.metrics import ProjectorMetrics
 from plumbing.telemetry.server import Readiness
 from projections.base import Projection
@@ -308,7 +308,7 @@ class Projector:
         # The broker holds a fetch until a few KB are there (or FETCH_GATHER_MS passed): under load a poll
         # brings a batch of many events, applied with one transaction, instead of a trickle of tiny ones.
         consumer = make_consumer(self.kafka, group_id=self.group_id, client_id="ledgerlm-projector",
-                                 fetch_min_bytes=GATHER[0], fetch_max_wait_ms=GATHER[1])
+                                 fetch_min_bytes=GATHER[0], fetch_max_wait_ms=GATHER[1], **PATIENT_MEMBER)
         projector = self
 
         class SeekToStored(ConsumerRebalanceListener):

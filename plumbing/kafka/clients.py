@@ -27,6 +27,14 @@ from schemas.codec import encode, record_headers, record_key
 # cancels that fetch), so nothing that seeks on a latency path may rely on this default.
 LONG_POLL_MS = 2000
 
+# Group membership for members whose loss only delays work (projector, exporter): a heartbeat every second
+# and 20 s without one before the broker drops the member. With aiokafka's defaults (3 s, 10 s) a lone
+# projector beside a chaos stack and 2 CPU-bound processes was dropped and rejoined every ~30 s, decoding
+# and applying big polls on a starved machine, each rejoin a rebalance of its whole assignment (Kafka
+# raised its own default to 45 s in KIP-735 for the same reason). The cost: a member killed -9 keeps its
+# partitions up to 20 s before the group hands them on.
+PATIENT_MEMBER = {"session_timeout_ms": 20000, "heartbeat_interval_ms": 1000}
+
 
 Kafka = KafkaAccess | str  # a bare bootstrap string: unauthenticated PLAINTEXT (local development)
 

@@ -24,7 +24,7 @@ import psycopg
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from plumbing.kafka.clients import Kafka, make_consumer, make_producer, publish
+from plumbing.kafka.clients import PATIENT_MEMBER, Kafka, make_consumer, make_producer, publish
 from plumbing.telemetry.metrics import ExporterMetrics
 from plumbing.telemetry.server import Readiness
 from projections.export import ledger
@@ -229,7 +229,7 @@ class Exporter:
         # It seeks back over what the projector has not committed yet, and a seek waits for the fetch in flight:
         # its long polls stay short (the shared 2 s made every hold-back cost up to 2 s).
         consumer = make_consumer(self.kafka, group_id=self.group_id, client_id=f"ledgerlm-export-{self.sink.name}",
-                                 fetch_max_wait_ms=EXPORT_POLL_MS)
+                                 fetch_max_wait_ms=EXPORT_POLL_MS, **PATIENT_MEMBER)
         exporter = self
 
         class SeekToStored(ConsumerRebalanceListener):
