@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from plumbing.kafka.groups import move_group_to_end
 from plumbing.settings import Settings
@@ -274,11 +275,18 @@ async def start_worker(bootstrap, cp_kafka, cp_settings, versions, engine_artifa
 
 @pytest.fixture(scope="session")
 async def worker(start_worker, controller, cp_settings):
+    control = await controller.metrics_url()
+    live_before = value(await scrape(control), "ledgerlm:workers_live")
     worker = await start_worker("served")
     started = time.monotonic()
     # Two heartbeats in the log after its start: the controller's registry and the gateway's board have it.
     await wait_until(lambda: worker.last_heartbeat_ok > started + cp_settings.heartbeat_interval_ms / 1000, 30,
                      what="the worker's heartbeats acknowledged")
+    # and the controller has read them (on a loaded machine, seconds later: a first request got 503 before)
+    await wait_until(lambda: scrape(control), 60, step_s=0.2,
+                     accept=lambda samples: value(samples, "ledgerlm:workers_live") >= live_before + 1,
+                     what=lambda samples: f"the controller to count the worker live (workers_live "
+                                          f"{value(samples, 'ledgerlm:workers_live')}, before {live_before})")
     return worker
 
 
@@ -321,6 +329,26 @@ async def gateway(cp_kafka, database_url, cp_settings, versions, controller):
     yield client
     await client.aclose()
     await app.state.gateway.stop()
+
+
+Samples = dict[tuple[str, frozenset], float]
+
+
+def parse(text: str) -> Samples:
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+async def scrape(url: str) -> Samples:
+    """A role's /metrics, parsed."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        response = await client.get(f"{url}/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    return parse(response.text)
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
 
 
 def body(request_id: str | None = None, model: str = "", **fields) -> dict:

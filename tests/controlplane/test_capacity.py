@@ -11,8 +11,7 @@ from plumbing.kafka.clients import publish
 from schemas.dispatch import StartAttempt
 from schemas.registry_events import WorkerHeartbeat
 from schemas.values import SamplingParams
-from tests.controlplane.conftest import SESSION, body, own_version, read_topic, wait_until_found
-from tests.controlplane.test_metrics import scrape, value
+from tests.controlplane.conftest import SESSION, body, own_version, read_topic, scrape, value, wait_until_found
 from tests.waiting import wait_until
 
 

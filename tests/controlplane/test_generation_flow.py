@@ -13,7 +13,7 @@ async def test_stream_runs_to_the_end_with_ordered_seqs_and_terminal_before_fina
     tenant = tenants["main"]
     response = await gateway.post("/v1/generations", headers=tenant.headers,
                                   json=body(model=versions["served"], maxOutputTokens=10, stream=True))
-    assert response.status_code == 201
+    assert response.status_code == 201, response.text
     assert response.headers["content-type"].startswith("text/event-stream")
     events = parse_sse(response.text)
     kinds = [kind for kind, _ in events]

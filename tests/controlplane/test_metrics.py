@@ -4,29 +4,9 @@ from __future__ import annotations
 import uuid
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.controlplane.conftest import Process, body, post_until_admitted
+from tests.controlplane.conftest import Process, body, parse, post_until_admitted, scrape, value
 from tests.waiting import wait_until
-
-Samples = dict[tuple[str, frozenset], float]
-
-
-def parse(text: str) -> Samples:
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-async def scrape(url: str) -> Samples:
-    async with httpx.AsyncClient(timeout=10) as client:
-        response = await client.get(f"{url}/metrics")
-    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-    return parse(response.text)
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
-
 
 def worker_url(worker) -> str:
     return f"http://127.0.0.1:{worker.http.port}"

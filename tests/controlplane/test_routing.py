@@ -7,9 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 from plumbing.kafka.clients import publish
 from schemas.dispatch import DrainWorker, StartAttempt
-from tests.controlplane.conftest import own_version, body, wait_until_found
+from tests.controlplane.conftest import body, own_version, scrape, value, wait_until_found
 from tests.controlplane.test_capacity import routed
-from tests.controlplane.test_metrics import scrape, value
 from tests.waiting import wait_until
 
 
