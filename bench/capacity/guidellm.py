@@ -6,6 +6,8 @@
                              --tokenizer kind=hf_auto,model=<model dir> --output kind=json,path=<level>.json
     read back   its own report: successful / errored / incomplete requests, output tok/s, TTFT and ITL
                 (median, p95) of the successful ones, and the HTTP status of each error
+    client_cpu  the CPU guidellm and its worker processes spent (from start-up to exit), in seconds and in
+                cores over its wall time: on a 2-core machine the client competes with the platform it measures
 
 guidellm runs as a subprocess with nothing but its command line, as a user would start it; the model name it
 sends is the registered version and its tokenizer is read from the model directory (the hub is not reachable).
@@ -16,8 +18,10 @@ import asyncio
 import json
 import os
 import re
+import resource
 import shutil
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -56,14 +60,25 @@ async def run_level(target: Target, tenant: str, model_dir: Path, streams: int, 
     out.unlink(missing_ok=True)
     argv = command(target, tenant, model_dir, streams, duration_s, out)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    began, cpu_before = time.monotonic(), children_cpu_s()
     proc = await asyncio.create_subprocess_exec(*argv, env=env, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.STDOUT)
     printed, _ = await proc.communicate()
+    client_cpu_s, wall_s = children_cpu_s() - cpu_before, time.monotonic() - began
     if proc.returncode != 0 or not out.exists():
         tail = printed.decode(errors="replace")[-1500:]
         raise GuidellmFailed(f"guidellm exited {proc.returncode} at {streams} streams: {redact(tail, target)}")
     return {"concurrency": streams, "client": "guidellm", **summarize(json.loads(out.read_text())),
+            "client_cpu": {"s": round(client_cpu_s, 2), "cores": round(client_cpu_s / wall_s, 3) if wall_s else None,
+                           "wall_s": round(wall_s, 2)},
             "report": str(out)}
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of the reaped children of this process: guidellm and every process it started and reaped,
+    counted once guidellm has exited (the platform's roles are children too, but live until the sweep ends)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def redact(text: str, target: Target) -> str:

@@ -43,6 +43,8 @@ def per_level(ours: list[dict], engine: list[dict], allowance_ms: float) -> list
             "ttft_p95_ms": (level.get("ttft_ms") or {}).get("p95"), "engine_ttft_p95_ms": engine_p95,
             "engine_keeps_allowance": None if engine_p95 is None else engine_p95 <= allowance_ms,
             "itl_p95_ms": (level.get("itl_ms") or {}).get("p95"),
+            # what guidellm itself ran on the machine's cores beside the platform (the engine alone has no client)
+            "client_cores": (level.get("client_cpu") or {}).get("cores"),
             "promise_ratio_p50_le": promise.get("p50_le"), "promise_ratio_n": promise.get("n"),
             "wait_promise_ratio_p50_le": wait.get("p50_le"),
             # the controller's refusals: how many, and the terms of their predicted waits (bench/capacity/refusals)

@@ -328,7 +328,8 @@ def guidellm_level(c: int, tok_s: float, errored: int = 0, ttft_p95: float = 900
             "delivered_output_tok_s": delivered or tok_s,
             "ttft_ms": {"p95": ttft_p95}, "itl_ms": {"p95": 150.0},
             "interactive_ttft_promise_ratio": {"n": 10 if promise else 0, "p50_le": promise},
-            "interactive_wait_promise_ratio": {"n": 10, "p50_le": 0.25}}  # the TTFT's is the promise judged
+            "interactive_wait_promise_ratio": {"n": 10, "p50_le": 0.25},  # the TTFT's is the promise judged
+            "client_cpu": {"s": 12.0, "cores": 0.3 * c ** 0.5, "wall_s": 40.0}}
 
 
 def test_guidellm_targets_judge_errors_and_tok_s_only_where_the_engine_keeps_the_allowance():
@@ -350,9 +351,23 @@ def test_guidellm_targets_judge_errors_and_tok_s_only_where_the_engine_keeps_the
     assert targets["overload_not_below_8"] == {"met": False, "misses": ["16: 18.0 < 8: 20.0"]}
     assert targets["promise_median_within_25pct"] == {"met": False, "misses": ["8: 2.0"]}
     assert [row["engine_keeps_allowance"] for row in report["levels"]] == [True, True, False]
+    assert [row["client_cores"] for row in report["levels"]] == [0.3, 0.3 * 8 ** 0.5, 1.2]
     kept = check_guidellm({"ledgerlm": {"a": {"levels": ours[:1]}}, "engine": {"a": {"levels": engine}}}, 2000)
     assert all(t["met"] for name, t in kept["targets"].items() if name != "overload_not_below_8")
     assert kept["targets"]["overload_not_below_8"]["met"] is None  # no level 16 (or 8): not measured
+
+
+def test_the_client_cpu_counts_a_reaped_child_and_its_own_children():
+    import subprocess
+    import sys
+
+    from bench.capacity.guidellm import children_cpu_s
+
+    before = children_cpu_s()
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    spawn = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}], check=True)"
+    subprocess.run([sys.executable, "-c", spawn], check=True)  # the grandchild's CPU reaches us through its parent
+    assert children_cpu_s() - before >= 0.3
 
 
 def test_a_guidellm_report_reads_as_a_capacity_level_and_its_command_names_the_tenant_key():
