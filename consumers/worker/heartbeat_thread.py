@@ -92,6 +92,7 @@ class HeartbeatThread:
         """The newest description of the worker, stamped now, handed to this thread's producer; the returned
         future is its acknowledgement."""
         description = await self._describe()
+        self.worker.heartbeat_stamped_at = time.monotonic()  # with occurred_at: where the lease counts from
         # Built on the worker's loop, a description's own time is when it was described.
         heartbeat = description.model_copy(update={"event_id": uuid4(), "occurred_at": datetime.now(UTC),
                                                    "described_at": description.occurred_at})

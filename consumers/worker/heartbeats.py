@@ -18,12 +18,16 @@ log = logging.getLogger(__name__)
 
 
 class Leaseholder(Protocol):
-    """What the heartbeats need of their worker: who it is, when a heartbeat was last acknowledged, how to
-    send one, to fence itself, and whether a drain has ended all its work."""
+    """What the heartbeats need of their worker: who it is, when a heartbeat was last acknowledged, when the
+    newest one was stamped for sending, how to send one, to fence itself, and whether a drain has ended all its
+    work."""
 
     settings: Settings
     worker_id: str
     last_heartbeat_ok: float
+    # time.monotonic() where the newest heartbeat's `occurred_at` was stamped: the instant the controller
+    # counts its lease from (set by `send_heartbeat`, after it has waited for a description)
+    heartbeat_stamped_at: float
 
     @property
     def drained(self) -> bool: ...
@@ -97,7 +101,11 @@ async def heartbeat_loop(worker: Leaseholder, thread: EngineThread, fence: Calla
             raise EngineStopped(f"the engine thread of {worker.worker_id} died")
         sent_at = time.monotonic()
         try:
-            acks.sent(await asyncio.wait_for(worker.send_heartbeat(), timeout=interval), sent_at)
+            delivery = await asyncio.wait_for(worker.send_heartbeat(), timeout=interval)
+            # Counted from where the record was stamped, as the controller counts it, not from before the wait
+            # for a description: a worker frozen (SIGSTOP) inside that wait fenced itself as it woke from a 3 s
+            # freeze, its stamp then older than lease - interval though the record it sent was not (chaos, 2026-12-06).
+            acks.sent(delivery, max(sent_at, worker.heartbeat_stamped_at))
         except Exception as exc:  # the broker may be away; the lease decides what that means
             log.warning("heartbeat failed worker=%s error=%s", worker.worker_id, type(exc).__name__)
         if acks.must_fence(time.monotonic()):

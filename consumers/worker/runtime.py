@@ -73,6 +73,7 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
         self.stale_commands = 0
         self.self_fenced: dict[str, int] = {}  # generation id -> epoch, until the controller cancels it
         self.last_heartbeat_ok = time.monotonic()
+        self.heartbeat_stamped_at = 0.0  # set by the heartbeat thread as it stamps each heartbeat
         self._fence_said_after: float | None = None  # the last acknowledgement before the lease lost last
         self.ready = asyncio.Event()
         self.stopped = asyncio.Event()

@@ -93,3 +93,37 @@ async def test_heartbeats_forever_on_their_way_give_the_lease_up_after_a_few_lea
     acks.sent(asyncio.get_running_loop().create_future(), sent_at=horizon - 0.5)
     assert not acks.must_fence(horizon)
     assert acks.must_fence(horizon + 0.1)
+
+
+async def test_a_worker_frozen_while_it_waits_for_a_description_counts_its_lease_from_the_heartbeat_it_stamped():
+    """A freeze (here: the loop held for longer than lease - interval) inside the send, before the heartbeat is
+    stamped, must not fence the worker: the controller counts the lease from the stamp, which is fresh."""
+    import time
+
+    from consumers.worker.heartbeats import heartbeat_loop
+
+    settings = SimpleNamespace(lease_ms=2000, heartbeat_interval_ms=1000)  # fences 1 s after the newest stamp
+    fenced = []
+
+    class Frozen:
+        worker_id, drained = "w1", True  # drained: the loop returns after one heartbeat
+
+        def __init__(self) -> None:
+            self.settings = settings
+            self.last_heartbeat_ok = self.heartbeat_stamped_at = time.monotonic()
+
+        async def send_heartbeat(self) -> asyncio.Future:
+            time.sleep(1.3)  # SIGSTOPped while waiting for its description: nothing else on this loop runs
+            self.heartbeat_stamped_at = time.monotonic()
+            delivery = asyncio.get_running_loop().create_future()
+            delivery.set_result(None)
+            return delivery
+
+        def fence_all(self) -> None:
+            fenced.append(True)
+
+    worker = Frozen()
+    await heartbeat_loop(worker, SimpleNamespace(alive=True), lambda: fenced.append("fence"))
+    assert fenced == []
+    await asyncio.sleep(0)  # the acknowledgement's callback
+    assert worker.last_heartbeat_ok == worker.heartbeat_stamped_at
