@@ -136,40 +136,51 @@ async def buffer_holds_usage(db: GatewayDatabase, generation_id: str, status: di
 
 async def follow_live(bridge: StreamBridge, db: GatewayDatabase, generation_id: str,
                       after: int) -> AsyncIterator[StreamEvent]:
-    """The bridge's events after `after`; a hole before the view's first event is filled from the buffer."""
+    """The bridge's events after `after`; a hole before the view's first token event, or before its final event
+    when it holds none of the tokens (a view whose partition was started where the projections stood, after
+    them), is filled from the buffer."""
     last_seq = after
     async for kind, item in bridge.follow(generation_id, timeout_s=FOLLOW_TIMEOUT_S, after_seq=after):
+        if kind == "timeout":
+            yield StreamEvent("error", {"code": "stream_timeout", "message": "no final event in time", "details": {}})
+            return
+        if item.seq > last_seq + 1:
+            epoch = item.epoch if kind == "token" else bridge.view(generation_id).current_epoch
+            # Counts from the live token event backwards (the buffer's own counts may be newer than its rows);
+            # before a final event every row is there, and the buffer's counts are its own.
+            count = item.token_count - len(item.token_ids) if kind == "token" else None
+            filled = await fill_gap(db, generation_id, epoch, last_seq, item.seq, count)
+            if filled is None:
+                yield StreamEvent("error", {"code": "cursor_expired", "generationId": generation_id,
+                                            "message": "events between the cursor and the live stream are "
+                                                       "no longer retained", "lastSeq": last_seq})
+                return
+            for event in filled:
+                yield event
         if kind == "token":
-            if item.seq > last_seq + 1:
-                filled = await fill_gap(db, generation_id, item, last_seq)
-                if filled is None:
-                    yield StreamEvent("error", {"code": "cursor_expired", "generationId": generation_id,
-                                                "message": "events between the cursor and the live stream are "
-                                                           "no longer retained", "lastSeq": last_seq})
-                    return
-                for event in filled:
-                    yield event
             yield token_event(generation_id, item.epoch, item.seq, item.token_ids, item.text_delta, item.token_count,
                               item.logprobs, item.prompt_logprobs, item.choice, item.choice_end)
             last_seq = item.seq
-        elif kind == "final":
-            yield StreamEvent("final", final_payload(item, generation_id), item.seq)
         else:
-            yield StreamEvent("error", {"code": "stream_timeout", "message": "no final event in time", "details": {}})
+            yield StreamEvent("final", final_payload(item, generation_id), item.seq)
 
 
-async def fill_gap(db: GatewayDatabase, generation_id: str, first_live, last_seq: int) -> list[StreamEvent] | None:
-    """The buffered events between `last_seq` and the bridge's first event; waits out the projector's lag."""
+async def fill_gap(db: GatewayDatabase, generation_id: str, epoch: int, last_seq: int, before_seq: int,
+                   count_before: int | None) -> list[StreamEvent] | None:
+    """The buffered events of `epoch` after `last_seq` and before `before_seq`, waiting out the projector's lag;
+    None when they do not all come within GAP_WAIT_S. `count_before`: the token count the last of them ends at
+    (None: the buffer's own counts)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + GAP_WAIT_S
     while True:
-        rows = [r for r in await db.stream_rows(generation_id, first_live.epoch, last_seq) if r.seq < first_live.seq]
-        if [r.seq for r in rows] == list(range(last_seq + 1, first_live.seq)):
-            # Counts from the live event backwards: the buffer's own counts may be newer than its rows.
-            count = first_live.token_count - len(first_live.token_ids)
+        rows = [r for r in await db.stream_rows(generation_id, epoch, last_seq) if r.seq < before_seq]
+        if [r.seq for r in rows] == list(range(last_seq + 1, before_seq)):
+            if count_before is None:
+                return [buffered_event(generation_id, epoch, row, row.token_count) for row in rows]
+            count = count_before
             events = []
             for row in reversed(rows):
-                events.append(buffered_event(generation_id, first_live.epoch, row, count))
+                events.append(buffered_event(generation_id, epoch, row, count))
                 count -= len(row.token_ids)
             return events[::-1]
         if loop.time() > deadline:
