@@ -6,6 +6,7 @@ watermark) while the buffer still lacks tokens that watermark counts: a final ev
 client's stream with fewer tokens than it is billed for (chaos `overbilled`).
 """
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import psycopg
 
@@ -13,6 +14,7 @@ from producers.gateway.database import GatewayDatabase
 from producers.gateway.native import streams
 from producers.gateway.native.status import read_status
 from producers.gateway.native.streams import open_source
+from producers.gateway.openai.api import OpenAIApi
 from producers.gateway.streams.bridge import StreamBridge
 from projections.lifecycle import LifecycleProjection
 from projections.stream_buffer import StreamBufferProjection
@@ -78,6 +80,11 @@ async def test_a_view_that_read_the_admission_but_not_the_tokens_fills_them_befo
             ("token", 1, 2), ("token", 2, 2), ("token", 3, 2), ("final", 4, 0)]
         assert await collect(await open_source(bridge, db, gen.generation_id, status, 2)) == [
             ("token", 3, 2), ("final", 4, 0)]
+        # The OpenAI routes follow the same view for a repeat of the request (its Idempotency-Key).
+        api = OpenAIApi(SimpleNamespace(bridge=bridge, db=db))
+        pieces = [piece async for piece in api.pieces(gen.tenant_id, gen.generation_id, fresh=False)]
+        assert [(p.token_count, len(p.token_ids)) for p in pieces[:-1]] == [(2, 2), (4, 2), (6, 2)]
+        assert (pieces[-1].reason, pieces[-1].completion_tokens) == ("completed", 6)
     finally:
         await db.stop()
 

@@ -22,7 +22,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 
-from producers.gateway.database import GatewayDatabase, StreamProgress
+from producers.gateway.database import BufferedEvent, GatewayDatabase, StreamProgress
 from producers.gateway.errors import ApiError
 from producers.gateway.native.status import TERMINAL
 from producers.gateway.streams.bridge import StreamBridge
@@ -145,7 +145,7 @@ async def follow_live(bridge: StreamBridge, db: GatewayDatabase, generation_id: 
             yield StreamEvent("error", {"code": "stream_timeout", "message": "no final event in time", "details": {}})
             return
         if item.seq > last_seq + 1:
-            epoch = item.epoch if kind == "token" else bridge.view(generation_id).current_epoch
+            epoch = epoch_of(bridge, generation_id, kind, item)
             # Counts from the live token event backwards (the buffer's own counts may be newer than its rows);
             # before a final event every row is there, and the buffer's counts are its own.
             count = item.token_count - len(item.token_ids) if kind == "token" else None
@@ -165,24 +165,41 @@ async def follow_live(bridge: StreamBridge, db: GatewayDatabase, generation_id: 
             yield StreamEvent("final", final_payload(item, generation_id), item.seq)
 
 
+def epoch_of(bridge: StreamBridge, generation_id: str, kind: str, item) -> int:
+    """The epoch of a followed token event, or of a final event (the view's current one, whose final it is)."""
+    if kind == "token":
+        return item.epoch
+    view = bridge.view(generation_id)
+    return view.current_epoch if view is not None else 1
+
+
 async def fill_gap(db: GatewayDatabase, generation_id: str, epoch: int, last_seq: int, before_seq: int,
                    count_before: int | None) -> list[StreamEvent] | None:
-    """The buffered events of `epoch` after `last_seq` and before `before_seq`, waiting out the projector's lag;
-    None when they do not all come within GAP_WAIT_S. `count_before`: the token count the last of them ends at
-    (None: the buffer's own counts)."""
+    """The buffered events of `epoch` after `last_seq` and before `before_seq` (`gap_rows`). `count_before`: the
+    token count the last of them ends at (None: the buffer's own counts)."""
+    rows = await gap_rows(db, generation_id, epoch, last_seq, before_seq)
+    if rows is None:
+        return None
+    if count_before is None:
+        return [buffered_event(generation_id, epoch, row, row.token_count) for row in rows]
+    count = count_before
+    events = []
+    for row in reversed(rows):
+        events.append(buffered_event(generation_id, epoch, row, count))
+        count -= len(row.token_ids)
+    return events[::-1]
+
+
+async def gap_rows(db: GatewayDatabase, generation_id: str, epoch: int, last_seq: int,
+                   before_seq: int) -> list[BufferedEvent] | None:
+    """The resume buffer's token events of `epoch` after `last_seq` and before `before_seq`, once it holds every
+    one of them (waiting out the projector's lag); None when they do not all come within GAP_WAIT_S."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + GAP_WAIT_S
     while True:
         rows = [r for r in await db.stream_rows(generation_id, epoch, last_seq) if r.seq < before_seq]
         if [r.seq for r in rows] == list(range(last_seq + 1, before_seq)):
-            if count_before is None:
-                return [buffered_event(generation_id, epoch, row, row.token_count) for row in rows]
-            count = count_before
-            events = []
-            for row in reversed(rows):
-                events.append(buffered_event(generation_id, epoch, row, count))
-                count -= len(row.token_ids)
-            return events[::-1]
+            return rows
         if loop.time() > deadline:
             return None
         await asyncio.sleep(0.1)

@@ -40,6 +40,7 @@ from producers.gateway.database import Principal
 from producers.gateway.errors import ApiError, openai_error_response
 from producers.gateway.gateway import principal_of
 from producers.gateway.native.status import TERMINAL, read_status
+from producers.gateway.native.streams import epoch_of, gap_rows
 from producers.gateway.openai.chunks import End, Piece, TokenTexts, end_of
 from producers.gateway.openai.reply import Reply, answer, stream
 from producers.gateway.openai.requests import (
@@ -161,7 +162,7 @@ class OpenAIApi:
 
         A generation this gateway's bridge did not see from its start (a repeat of an older one) is
         read from the resume buffer in Postgres first, as the native API does (without logprobs: the
-        buffer keeps tokens and text only).
+        buffer keeps tokens and text only); so are the seqs a view lacks before its first event.
         """
         gateway = self.gateway
         status = None
@@ -180,9 +181,22 @@ class OpenAIApi:
                 yield end_of(status["endReason"] or status["status"], status["usage"])
                 return
         async for kind, item in gateway.bridge.follow(generation_id, timeout_s=timeout_s, after_seq=after_seq):
+            if kind != "timeout" and item.seq > after_seq + 1:
+                # The view began after the stream did (its partition started where the projections stood): the
+                # seqs before its first event are in the buffer.
+                rows = await gap_rows(gateway.db, generation_id, epoch_of(gateway.bridge, generation_id, kind, item),
+                                      after_seq, item.seq)
+                if rows is None:
+                    yield None
+                    return
+                for row in rows:
+                    count += len(row.token_ids)
+                    yield Piece(row.text, tuple(row.token_ids), count, row.logprobs(),
+                                row.logprobs("prompt_logprobs"), row.choice, row.choice_end)
             if kind == "token":
                 yield Piece(item.text_delta, item.token_ids, item.token_count, item.logprobs, item.prompt_logprobs,
                             item.choice, item.choice_end)
+                after_seq, count = item.seq, item.token_count
             elif kind == "final":
                 usage = item.usage
                 yield End(item.reason, usage.processed_input_tokens, usage.cached_input_tokens,
