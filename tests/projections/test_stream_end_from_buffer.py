@@ -12,6 +12,7 @@ import psycopg
 
 from producers.gateway.database import GatewayDatabase
 from producers.gateway.native import streams
+from producers.gateway.native.api import NativeApi
 from producers.gateway.native.status import read_status
 from producers.gateway.native.streams import open_source
 from producers.gateway.openai.api import OpenAIApi
@@ -85,6 +86,9 @@ async def test_a_view_that_read_the_admission_but_not_the_tokens_fills_them_befo
         pieces = [piece async for piece in api.pieces(gen.tenant_id, gen.generation_id, fresh=False)]
         assert [(p.token_count, len(p.token_ids)) for p in pieces[:-1]] == [(2, 2), (4, 2), (6, 2)]
         assert (pieces[-1].reason, pieces[-1].completion_tokens) == ("completed", 6)
+        # And a native `wait` answer to such a repeat holds the whole text.
+        done = await NativeApi(SimpleNamespace(bridge=bridge, db=db)).wait_for_end(gen.generation_id)
+        assert (done["status"], done["seq"], done["text"]) == ("completed", 4, "x" * 6)
     finally:
         await db.stop()
 

@@ -30,7 +30,6 @@ from producers.gateway.native.streams import follow_live, open_source, parse_cur
 from producers.gateway.streams.delivery import (
     BoundedDelivery, ClosingStreamingResponse, close_with_error, serve_websocket, sse_body,
 )
-from producers.gateway.streams.events import final_payload
 from schemas.commands import CancelGeneration
 
 
@@ -58,17 +57,23 @@ class NativeApi:
         """The final payload with the text; with n > 1 choices, `choices` [{index, text, endReason}] too."""
         texts: dict[int, list[str]] = {}
         ends: dict[int, str | None] = {}
-        async for kind, item in self.gateway.bridge.follow(generation_id):
-            if kind == "token":
-                texts.setdefault(item.choice, []).append(item.text_delta)
-                ends[item.choice] = item.choice_end or ends.get(item.choice)
-            elif kind == "final":
-                status = "completed" if item.reason in ("completed", "output-limit") else item.reason
-                done = {**final_payload(item, generation_id), "status": status, "text": "".join(texts.get(0, []))}
+        # follow_live, not the bridge alone: a view begun after the stream did lacks its first tokens.
+        async for event in follow_live(self.gateway.bridge, self.gateway.db, generation_id, 0):
+            data = event.data
+            if event.kind == "token":
+                choice = data.get("choice", 0)
+                texts.setdefault(choice, []).append(data["textDelta"])
+                ends[choice] = data.get("choiceEnd") or ends.get(choice)
+            elif event.kind == "final":
+                status = "completed" if data["reason"] in ("completed", "output-limit") else data["reason"]
+                done = {**data, "status": status, "text": "".join(texts.get(0, []))}
                 if len(texts) > 1:
                     done["choices"] = [{"index": i, "text": "".join(texts[i]), "endReason": ends.get(i)}
                                        for i in sorted(texts)]
                 return done
+            elif data.get("code") == "cursor_expired":
+                raise ApiError(503, "stream_behind", "the stored stream does not hold all its tokens yet; retry",
+                               {"generationId": generation_id}, retry_after_ms=1000)
         raise ApiError(504, "wait_timeout", "the generation did not end in time", {"generationId": generation_id})
 
     async def create(self, body: GenerationRequest, principal: Principal, wait: bool, started: float):
