@@ -17,6 +17,7 @@ from producers.gateway.native.status import read_status
 from producers.gateway.native.streams import open_source
 from producers.gateway.openai.api import OpenAIApi
 from producers.gateway.streams.bridge import StreamBridge
+from producers.gateway.streams.generation_view import WATERMARK_WAIT_S
 from projections.lifecycle import LifecycleProjection
 from projections.stream_buffer import StreamBufferProjection
 from tests.projections.conftest import Gen
@@ -95,3 +96,32 @@ async def test_a_view_that_read_the_admission_but_not_the_tokens_fills_them_befo
 
 async def _nothing_to_read_back(generation_id: str) -> None:
     return None
+
+
+async def test_an_interruption_ended_by_a_view_that_holds_none_of_its_tokens_is_ended_after_the_buffered_ones(
+        scratch_database_url):
+    """The bridge writes the final event of an interruption itself, one seq after the last token it holds: in a
+    view begun after the tokens were projected that was seq 1, ahead of the three tokens the buffer holds."""
+    gen = Gen("buffer-tenant", "gen-interrupted-view-after-tokens", T0)
+    project(scratch_database_url, StreamBufferProjection(), [gen.tokens(seq, token_count=2 * seq, n=2)
+                                                             for seq in (1, 2, 3)])
+    now = [1000.0]
+    bridge = StreamBridge("unused:9092", clock=lambda: now[0])
+    bridge.tail.attend = _nothing_to_read_back
+    bridge.tail.owned.caught_up.set()
+    for event in (gen.admitted(), gen.started(), gen.report(1, 6), gen.interrupted()):
+        bridge.on_event("", event)
+    now[0] += WATERMARK_WAIT_S + 1
+    bridge.sweep_once()
+    view = bridge.view(gen.generation_id)
+    assert (view.final.reason, view.final.seq) == ("interrupted", 1)  # what the bridge can tell by itself
+    db = GatewayDatabase(scratch_database_url)
+    await db.start()
+    try:
+        assert await collect(await open_source(bridge, db, gen.generation_id, view.as_status(), 0)) == [
+            ("token", 1, 2), ("token", 2, 2), ("token", 3, 2), ("final", 4, 0)]
+        pieces = [p async for p in OpenAIApi(SimpleNamespace(bridge=bridge, db=db)).pieces(
+            gen.tenant_id, gen.generation_id, fresh=False)]
+        assert [p.token_count for p in pieces[:-1]] == [2, 4, 6] and pieces[-1].reason == "interrupted"
+    finally:
+        await db.stop()

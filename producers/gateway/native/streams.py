@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from collections.abc import AsyncIterator
 
 from producers.gateway.database import BufferedEvent, GatewayDatabase, StreamProgress
@@ -27,7 +28,7 @@ from producers.gateway.errors import ApiError
 from producers.gateway.native.status import TERMINAL
 from producers.gateway.streams.bridge import StreamBridge
 from producers.gateway.streams.events import StreamEvent, buffered_event, final_payload, token_event
-from producers.gateway.streams.generation_view import GenerationView
+from producers.gateway.streams.generation_view import FinalEvent, GenerationView
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,8 @@ async def follow_live(bridge: StreamBridge, db: GatewayDatabase, generation_id: 
         if kind == "timeout":
             yield StreamEvent("error", {"code": "stream_timeout", "message": "no final event in time", "details": {}})
             return
+        if kind == "final" and holds_no_tokens(bridge, generation_id):
+            item = await final_past_buffer(db, generation_id, epoch_of(bridge, generation_id, kind, item), item)
         if item.seq > last_seq + 1:
             epoch = epoch_of(bridge, generation_id, kind, item)
             # Counts from the live token event backwards (the buffer's own counts may be newer than its rows);
@@ -163,6 +166,21 @@ async def follow_live(bridge: StreamBridge, db: GatewayDatabase, generation_id: 
             last_seq = item.seq
         else:
             yield StreamEvent("final", final_payload(item, generation_id), item.seq)
+
+
+def holds_no_tokens(bridge: StreamBridge, generation_id: str) -> bool:
+    view = bridge.view(generation_id)
+    return view is None or not view.tokens
+
+
+async def final_past_buffer(db: GatewayDatabase, generation_id: str, epoch: int, final: FinalEvent) -> FinalEvent:
+    """A final event of a view that holds none of the epoch's tokens, placed after the ones the buffer holds. The
+    bridge writes the final of an end no worker writes (an interruption) after the last token it holds: in a
+    view begun after the tokens were projected, that is seq 1, ahead of the tokens the buffer has."""
+    progress = await db.stream_progress(generation_id)
+    if progress is None or progress.epoch != epoch or final_seq_of(progress) <= final.seq:
+        return final
+    return replace(final, seq=final_seq_of(progress))
 
 
 def epoch_of(bridge: StreamBridge, generation_id: str, kind: str, item) -> int:
