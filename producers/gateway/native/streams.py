@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from producers.gateway.database import BufferedEvent, GatewayDatabase, StreamProgress
 from producers.gateway.errors import ApiError
