@@ -17,6 +17,7 @@ and stopped at the end, whatever happened.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -255,8 +256,14 @@ async def measure(config: ChaosConfig, settings: Settings, bootstrap: str, datab
     }, results, fault_log.faults, fault_log.began)
     for kind, found in violations.items():
         for violation in found:
-            log.warning("violation kind=%s generation=%s nearest_fault=%s", kind, violation.get("generation_id"),
-                        (violation.get("nearest_fault") or {}).get("fault"))
+            # Its terms too (statuses, seqs, counts, the client's error classes): a test's assertion message is cut
+            # short, and this line is what a failed run leaves to diagnose. Not an audit difference's: its sample
+            # rows may hold output text.
+            terms = {} if kind == "audit_differences" else {
+                key: value for key, value in violation.items() if key not in ("generation_id", "nearest_fault")}
+            log.warning("violation kind=%s generation=%s nearest_fault=%s terms=%s", kind,
+                        violation.get("generation_id"), (violation.get("nearest_fault") or {}).get("fault"),
+                        json.dumps(terms, default=str)[:2000])
     return {
         "stuck": len(stuck), "audit_differences": audit.differences, "overbilled": len(overbilled),
         "duplicate_seqs": sum(r.duplicate_seqs for r in results),
