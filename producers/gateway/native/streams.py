@@ -28,7 +28,7 @@ from producers.gateway.errors import ApiError
 from producers.gateway.native.status import TERMINAL
 from producers.gateway.streams.bridge import StreamBridge
 from producers.gateway.streams.events import StreamEvent, buffered_event, final_payload, token_event
-from producers.gateway.streams.generation_view import FinalEvent, GenerationView
+from producers.gateway.streams.generation_view import GenerationView
 
 log = logging.getLogger(__name__)
 
@@ -145,20 +145,17 @@ async def follow_live(bridge: StreamBridge, db: GatewayDatabase, generation_id: 
         if kind == "timeout":
             yield StreamEvent("error", {"code": "stream_timeout", "message": "no final event in time", "details": {}})
             return
-        if kind == "final" and holds_no_tokens(bridge, generation_id):
-            item = await final_past_buffer(db, generation_id, epoch_of(bridge, generation_id, kind, item), item)
-        if item.seq > last_seq + 1:
-            epoch = epoch_of(bridge, generation_id, kind, item)
-            # Counts from the live token event backwards (the buffer's own counts may be newer than its rows);
-            # before a final event every row is there, and the buffer's counts are its own.
-            count = item.token_count - len(item.token_ids) if kind == "token" else None
-            filled = await fill_gap(db, generation_id, epoch, last_seq, item.seq, count)
-            if filled is None:
+        if kind == "final" or item.seq > last_seq + 1:  # not per token: only a final or a hole needs a look
+            item, epoch, rows = await with_hole_before(bridge, db, generation_id, kind, item, last_seq)
+            if rows is None:
                 yield StreamEvent("error", {"code": "cursor_expired", "generationId": generation_id,
                                             "message": "events between the cursor and the live stream are "
                                                        "no longer retained", "lastSeq": last_seq})
                 return
-            for event in filled:
+            # Counts from the live token event backwards (the buffer's own counts may be newer than its rows);
+            # before a final event every row is there, and the buffer's counts are its own.
+            count = item.token_count - len(item.token_ids) if kind == "token" else None
+            for event in buffered_events(generation_id, epoch, rows, count):
                 yield event
         if kind == "token":
             yield token_event(generation_id, item.epoch, item.seq, item.token_ids, item.text_delta, item.token_count,
@@ -168,36 +165,30 @@ async def follow_live(bridge: StreamBridge, db: GatewayDatabase, generation_id: 
             yield StreamEvent("final", final_payload(item, generation_id), item.seq)
 
 
-def holds_no_tokens(bridge: StreamBridge, generation_id: str) -> bool:
+async def with_hole_before(bridge: StreamBridge, db: GatewayDatabase, generation_id: str, kind: str, item,
+                           last_seq: int) -> tuple[object, int, list[BufferedEvent] | None]:
+    """A followed token or final event, its epoch, and the buffered token events between `last_seq` and it (none
+    when it is next; None when they did not all come within GAP_WAIT_S). A view whose partition was started where
+    the projections stood may lack the stream's start: its first event then comes after a hole.
+
+    The bridge writes the final of an end no worker writes (an interruption) one seq after the last token its view
+    holds: in a view that holds none, that is seq 1, ahead of the tokens the buffer has, so such a final is placed
+    after those."""
     view = bridge.view(generation_id)
-    return view is None or not view.tokens
+    epoch = item.epoch if kind == "token" else (view.current_epoch if view is not None else 1)
+    if kind == "final" and (view is None or not view.tokens):
+        progress = await db.stream_progress(generation_id)
+        if progress is not None and progress.epoch == epoch and final_seq_of(progress) > item.seq:
+            item = replace(item, seq=final_seq_of(progress))
+    if item.seq <= last_seq + 1:
+        return item, epoch, []
+    return item, epoch, await gap_rows(db, generation_id, epoch, last_seq, item.seq)
 
 
-async def final_past_buffer(db: GatewayDatabase, generation_id: str, epoch: int, final: FinalEvent) -> FinalEvent:
-    """A final event of a view that holds none of the epoch's tokens, placed after the ones the buffer holds. The
-    bridge writes the final of an end no worker writes (an interruption) after the last token it holds: in a
-    view begun after the tokens were projected, that is seq 1, ahead of the tokens the buffer has."""
-    progress = await db.stream_progress(generation_id)
-    if progress is None or progress.epoch != epoch or final_seq_of(progress) <= final.seq:
-        return final
-    return replace(final, seq=final_seq_of(progress))
-
-
-def epoch_of(bridge: StreamBridge, generation_id: str, kind: str, item) -> int:
-    """The epoch of a followed token event, or of a final event (the view's current one, whose final it is)."""
-    if kind == "token":
-        return item.epoch
-    view = bridge.view(generation_id)
-    return view.current_epoch if view is not None else 1
-
-
-async def fill_gap(db: GatewayDatabase, generation_id: str, epoch: int, last_seq: int, before_seq: int,
-                   count_before: int | None) -> list[StreamEvent] | None:
-    """The buffered events of `epoch` after `last_seq` and before `before_seq` (`gap_rows`). `count_before`: the
-    token count the last of them ends at (None: the buffer's own counts)."""
-    rows = await gap_rows(db, generation_id, epoch, last_seq, before_seq)
-    if rows is None:
-        return None
+def buffered_events(generation_id: str, epoch: int, rows: list[BufferedEvent],
+                    count_before: int | None) -> list[StreamEvent]:
+    """Token events of buffered rows. `count_before`: the token count the last of them ends at (None: the buffer's
+    own counts)."""
     if count_before is None:
         return [buffered_event(generation_id, epoch, row, row.token_count) for row in rows]
     count = count_before

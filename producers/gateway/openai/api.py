@@ -40,7 +40,7 @@ from producers.gateway.database import Principal
 from producers.gateway.errors import ApiError, openai_error_response
 from producers.gateway.gateway import principal_of
 from producers.gateway.native.status import TERMINAL, read_status
-from producers.gateway.native.streams import epoch_of, final_past_buffer, gap_rows, holds_no_tokens
+from producers.gateway.native.streams import with_hole_before
 from producers.gateway.openai.chunks import End, Piece, TokenTexts, end_of
 from producers.gateway.openai.reply import Reply, answer, stream
 from producers.gateway.openai.requests import (
@@ -181,14 +181,11 @@ class OpenAIApi:
                 yield end_of(status["endReason"] or status["status"], status["usage"])
                 return
         async for kind, item in gateway.bridge.follow(generation_id, timeout_s=timeout_s, after_seq=after_seq):
-            if kind == "final" and holds_no_tokens(gateway.bridge, generation_id):
-                item = await final_past_buffer(gateway.db, generation_id,
-                                               epoch_of(gateway.bridge, generation_id, kind, item), item)
-            if kind != "timeout" and item.seq > after_seq + 1:
-                # The view began after the stream did (its partition started where the projections stood): the
-                # seqs before its first event are in the buffer.
-                rows = await gap_rows(gateway.db, generation_id, epoch_of(gateway.bridge, generation_id, kind, item),
-                                      after_seq, item.seq)
+            if kind == "final" or (kind == "token" and item.seq > after_seq + 1):  # not per token
+                # A view begun after the stream did (its partition started where the projections stood) lacks
+                # the seqs before its first event: they are in the buffer.
+                item, _, rows = await with_hole_before(gateway.bridge, gateway.db, generation_id, kind, item,
+                                                       after_seq)
                 if rows is None:
                     yield None
                     return
