@@ -8,9 +8,10 @@
 
 Reports what a batch customer and the operator see: how many were accepted and how many completed, expired or
 ended otherwise, the time to the last one, output tok/s, how busy the engine was (heartbeats with work
-running) and the most attempts the worker held at once (the controller holds the rest); with the sweep, the
-interactive TTFT and ITL. Targets: all N completed, none expired, the engine busy throughout, and with the
-sweep its TTFT p95 within the allowance.
+running), the most attempts the worker held at once (the controller holds the rest) and how often the worker
+fenced itself (its log's `self-fenced` lines); with the sweep, the interactive TTFT and ITL. Targets: all N
+completed, none expired, the engine busy throughout, no self-fencing, and with the sweep its TTFT p95 within the
+allowance.
 """
 from __future__ import annotations
 
@@ -124,6 +125,15 @@ def busy_share(samples: list[dict]) -> float | None:
     return round(sum(1 for s in busy if s["running"] > 0) / len(busy), 3)
 
 
+def self_fenced_lines(worker_log: Path) -> int | None:
+    """How often the worker fenced itself (gave up its attempts for want of an acknowledged heartbeat), from its
+    log (None: no log)."""
+    if not worker_log.exists():
+        return None
+    with worker_log.open(errors="replace") as lines:
+        return sum(1 for line in lines if "self-fenced" in line)
+
+
 async def wait_outcomes(outcomes: Outcomes, deadline: float) -> None:
     while not outcomes.done() and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
@@ -177,12 +187,14 @@ async def run_batch_bench(model_dir: Path, config: BatchConfig, workdir: Path) -
         "engine_busy_share": busy_share(samples),
         "worker_attempts_max": max((s["running"] for s in samples), default=None),
         "worker_queued_tokens_max": max((s["queued_tokens"] for s in samples), default=None),
+        "worker_self_fenced_log_lines": self_fenced_lines(workdir / "worker.log"),
         "interactive": interactive,
     }
     report["targets"] = {
         "all_completed": counts["completed"] == config.count,
         "none_expired": counts["expired"] == 0,
         "engine_busy_throughout": report["engine_busy_share"] is not None and report["engine_busy_share"] >= 0.95,
+        "no_self_fencing": report["worker_self_fenced_log_lines"] == 0,
         "interactive_ttft_p95_within_allowance": None if interactive is None else (
             (interactive["ttft_ms"].get("p95") or float("inf")) <= settings.interactive_queue_allowance_ms),
     }

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bench.batch import Outcomes, busy_share, batch_input
+from bench.batch import Outcomes, batch_input, busy_share, self_fenced_lines
 
 
 def outcomes() -> Outcomes:
@@ -37,3 +37,11 @@ def test_the_busy_share_starts_at_the_first_heartbeat_showing_work():
 
 def test_burst_inputs_differ_so_the_prefix_cache_does_not_serve_them():
     assert len({batch_input(i) for i in range(100)}) == 100
+
+
+def test_self_fencing_is_counted_from_the_worker_log_and_a_missing_log_reads_as_unknown_not_zero(tmp_path):
+    log = tmp_path / "worker.log"
+    assert self_fenced_lines(log) is None
+    log.write_text("worker ready\nself-fenced worker=w1 attempts=3 stopped=3\nheartbeat ok\n"
+                   "self-fenced worker=w1 attempts=0 stopped=0\n")
+    assert self_fenced_lines(log) == 2
