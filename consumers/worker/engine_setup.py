@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 from plumbing.settings import Settings
 from schemas.registry_events import ModelVersionRegistered
@@ -35,6 +36,13 @@ def load_engine(settings: Settings, model: ModelVersionRegistered, model_dir: st
     from engine.kv_sizing import check_holds_one_request
 
     engine = Engine(model_dir or model.source_uri, engine_config(settings, model.checksums, weights))
+    if engine.device.type == "cpu":
+        import torch
+
+        if settings.worker_cpu_threads is not None:
+            torch.set_num_threads(settings.worker_cpu_threads)
+        log.info("engine cpu threads=%d wait_policy=%s", torch.get_num_threads(),
+                 os.environ.get("OMP_WAIT_POLICY", "default"))
     check_holds_one_request(engine.kv_spec.num_blocks, engine.config.block_size, engine.max_model_len,
                             engine.kv_size.how)
     log.info("kv pool bytes=%d blocks=%d tokens=%d how=%s", engine.kv_spec.num_blocks * engine.config.block_size
