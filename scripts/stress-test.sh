@@ -16,7 +16,16 @@ done
 status=0
 for run in $(seq "$runs"); do
   began=$(date +%s)
-  if make test; then outcome=passed; else outcome=failed; status=1; fi
+  if make test; then outcome=passed; else
+    outcome=failed; status=1
+    # The next run starts the chaos stacks afresh: keep this run's role logs for the diagnosis.
+    kept=".ledgerlm/stress-failures/run-$run"
+    mkdir -p "$kept"
+    for stack in .ledgerlm/test-chaos-*; do
+      [ -d "$stack/logs" ] && cp -r "$stack/logs" "$kept/$(basename "$stack")"
+    done
+    echo "stress run $run: role logs of the chaos stacks kept in $kept"
+  fi
   echo "stress run $run/$runs: $outcome in $(( $(date +%s) - began )) s with $hogs CPU hogs (load $(cut -d' ' -f1-3 /proc/loadavg))"
 done
 exit "$status"
