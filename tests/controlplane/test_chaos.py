@@ -2,6 +2,10 @@
 
 Its stack (3 Kafka brokers, PostgreSQL) lives under `.ledgerlm/test-chaos-stack`, apart from the session's
 single-node stack, and is stopped at the end. A service that cannot start fails the test with the reason.
+
+Clients follow their streams for up to the bench's 300 s (`ChaosConfig.client_deadline_s`): with 150 s, a
+stress run (2 CPU hogs and an install beside the suite, 2026-12-06) failed with 11 clients that had given up on
+generations the worker then completed while the check still waited for them to end: slow under load, not lost.
 """
 from __future__ import annotations
 
@@ -15,8 +19,7 @@ FAULTS = ["worker_kill9", "broker_kill9", "postgres_restart", "projector_kill9",
 
 async def test_every_fault_once_under_load_loses_repeats_and_overbills_nothing(model_dir):
     config = ChaosConfig(home=Settings().home / "test-chaos-stack", model_dir=model_dir, rate=1.5,
-                         min_generations=16, output_tokens=24, gap_s=1.5, broker_down_s=4.0, settle_s=60.0,
-                         client_deadline_s=150.0)
+                         min_generations=16, output_tokens=24, gap_s=1.5, broker_down_s=4.0, settle_s=60.0)
     report = await run_chaos_bench(config)
 
     assert {key: report[key] for key in ZERO_KEYS} == dict.fromkeys(ZERO_KEYS, 0), report
@@ -43,7 +46,7 @@ async def test_two_of_each_role_with_one_of_each_killed_once_loses_repeats_and_o
     the replicas carry the load, clients move to the live gateway, and every count stays 0."""
     config = ChaosConfig(home=Settings().home / "test-chaos-replicas", model_dir=model_dir, brokers=1, instances=2,
                          faults=REPLICA_KILLS, rate=1.5, min_generations=12, output_tokens=16, gap_s=1.5,
-                         role_down_s=3.0, settle_s=60.0, client_deadline_s=150.0)
+                         role_down_s=3.0, settle_s=60.0)
     report = await run_chaos_bench(config)
 
     assert {key: report[key] for key in ZERO_KEYS} == dict.fromkeys(ZERO_KEYS, 0), report["violations"]
@@ -62,7 +65,7 @@ async def test_the_exporter_killed_mid_batch_and_the_projections_rebuilt_export_
     kept): every sealed attempt reaches the sink, none after its acknowledgement was recorded."""
     config = ChaosConfig(home=Settings().home / "test-chaos-exporter", model_dir=model_dir, brokers=1,
                          faults=("exporter_kill9", "projections_dropped_and_rebuilt"), rate=1.5, min_generations=12,
-                         output_tokens=16, gap_s=1.5, settle_s=60.0, client_deadline_s=150.0)
+                         output_tokens=16, gap_s=1.5, settle_s=60.0)
     report = await run_chaos_bench(config)
 
     assert {key: report[key] for key in ZERO_KEYS} == dict.fromkeys(ZERO_KEYS, 0), report["violations"]
