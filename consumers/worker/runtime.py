@@ -184,7 +184,11 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
                 stopped += 1
         if stopped or self._fence_said_after != self.last_heartbeat_ok:
             self._fence_said_after = self.last_heartbeat_ok
-            log.error("self-fenced worker=%s attempts=%d stopped=%d", self.worker_id, len(self.attempts), stopped)
+            if self.attempts or stopped:
+                log.error("self-fenced worker=%s attempts=%d stopped=%d", self.worker_id, len(self.attempts),
+                          stopped)
+            else:  # nothing was given up: a starved start (4 CPU hogs) lapses before any attempt arrives
+                log.warning("lease lapsed worker=%s holding nothing", self.worker_id)
 
     @property
     def drained(self) -> bool:

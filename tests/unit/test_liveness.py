@@ -127,3 +127,24 @@ async def test_a_worker_frozen_while_it_waits_for_a_description_counts_its_lease
     assert fenced == []
     await asyncio.sleep(0)  # the acknowledgement's callback
     assert worker.last_heartbeat_ok == worker.heartbeat_stamped_at
+
+
+def test_a_lapsed_lease_holding_nothing_is_not_reported_as_a_self_fence_but_one_holding_work_is(caplog):
+    """`self-fenced` in the log means work was given up: a lease that lapses before any attempt arrived (a worker
+    starting beside CPU hogs) is said apart, once per lost lease."""
+    import logging
+
+    from consumers.worker.runtime import Worker
+
+    worker = Worker.__new__(Worker)
+    worker.worker_id, worker.waiting, worker.attempts, worker.self_fenced = "w1", [], {}, {}
+    worker.last_heartbeat_ok, worker._fence_said_after = 1.0, None
+    with caplog.at_level(logging.WARNING, logger="consumers.worker.runtime"):
+        worker.fence_all()
+        worker.fence_all()  # the same lost lease: said once
+    assert [r.getMessage() for r in caplog.records] == ["lease lapsed worker=w1 holding nothing"]
+
+    caplog.clear()
+    worker.waiting = [object()]  # an attempt waiting for room is given up too
+    worker.fence_all()
+    assert [r.getMessage() for r in caplog.records] == ["self-fenced worker=w1 attempts=0 stopped=1"]
