@@ -141,7 +141,7 @@ class Settings(BaseSettings):
         default=None, ge=1, description="threads the engine computes with on a CPU device; unset: torch's own "
         "default (every core). Set it below the core count where busy processes share the worker's machine: the "
         "worker runs niced, and an engine thread that must wait for a core stalls every step (2 cores, one busy "
-        "process beside it: a 512-token prefill step took 2.9 s with 2 threads, 1.4 s with 1)")
+        "process beside it: a 512-token prefill step took 2.0 s on 2 sleeping threads, 2.9 s spinning, 1.4 s on 1)")
     worker_nice: int = Field(default=10, ge=0, le=19,
                              description="added to the worker's nice value at start: on a machine it shares with "
                                          "the gateway, controller and broker, the engine's compute then yields "
