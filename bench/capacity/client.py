@@ -35,11 +35,13 @@ TENANT = "chat"  # the one tenant of the run (transformers serve ignores keys)
 
 @dataclass(frozen=True)
 class Mix:
-    """A request shape: `max_tokens` None lets the answer run to EOS (or the rest of the context)."""
+    """A request shape: `max_tokens` None lets the answer run to EOS (or the rest of the context). `temperature`
+    is the engine alone's (the HTTP clients send their own): 0 is greedy."""
 
     name: str
     max_tokens: int | None
     ignore_eos: bool
+    temperature: float = 0.0
 
 
 MIXES = {"a": Mix("a", 64, True), "b": Mix("b", None, False)}

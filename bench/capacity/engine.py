@@ -60,7 +60,8 @@ class ClosedLoop:
         index = next(self.numbers)
         prompt = self.prompts[index % len(self.prompts)]
         room = self.engine.max_model_len - len(prompt.token_ids)
-        params = SamplingParams(max_tokens=self.mix.max_tokens or room, ignore_eos=self.mix.ignore_eos)
+        params = SamplingParams(max_tokens=self.mix.max_tokens or room, ignore_eos=self.mix.ignore_eos,
+                                temperature=self.mix.temperature)
         record = RequestRecord(index=index, tenant="engine", mix=self.mix.name, api="engine", sent_at=self.now(),
                                status=200, prompt_tokens=len(prompt.token_ids))
         self.records.append(record)

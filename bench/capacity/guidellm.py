@@ -113,7 +113,10 @@ def summarize(report: dict) -> dict:
             "guidellm_output_tok_s_mean": rounded(stat(metrics["output_tokens_per_second"], "mean")),
             "ttft_ms": percentiles(metrics["time_to_first_token_ms"]),
             "itl_ms": percentiles(metrics["inter_token_latency_ms"]),
-            "output_tokens_per_request": {"mean": rounded(stat(metrics["output_token_count"], "mean"))}}
+            "output_tokens_per_request": {"mean": rounded(stat(metrics["output_token_count"], "mean"))},
+            # what its synthetic 128-token text rendered to on the server (chat template and its prefix
+            # included): the length the engine alone is given at this level
+            "prompt_tokens_per_request": {"mean": rounded(stat(metrics.get("prompt_token_count"), "mean"))}}
 
 
 def stat(summary: dict, name: str) -> float | None:

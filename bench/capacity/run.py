@@ -70,21 +70,42 @@ def default_tenant() -> TenantSpec:
 
 
 class Prompts:
-    """The same prompts for every server at one (mix, level): seeded by both, made once."""
+    """The same prompts for every server at one (mix, level): seeded by both, made once. `lengths` sets the
+    rendered length per level (default: the config's `prompt_tokens` at every level)."""
 
-    def __init__(self, model_dir: Path, config: CapacityConfig) -> None:
+    def __init__(self, model_dir: Path, config: CapacityConfig, lengths: dict[int, int] | None = None) -> None:
         from transformers import AutoTokenizer
 
+        self.model_dir = model_dir
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.config = config
+        self.lengths = lengths or {}
         self.made: dict[tuple[str, int], list[ChatPrompt]] = {}
 
     def __call__(self, mix: str, concurrency: int) -> list[ChatPrompt]:
         key = (mix, concurrency)
         if key not in self.made:
             self.made[key] = chat_prompts(self.tokenizer, mix, self.config.prompts_per_level,
-                                          self.config.seed * 1000 + concurrency, self.config.prompt_tokens)
+                                          self.config.seed * 1000 + concurrency,
+                                          self.lengths.get(concurrency, self.config.prompt_tokens))
         return self.made[key]
+
+    def as_long_as(self, levels: list[dict]) -> "Prompts":
+        """Prompts for the engine alone as long as guidellm's requests were on the platform, level by level."""
+        return Prompts(self.model_dir, self.config, rendered_lengths(levels))
+
+
+def rendered_lengths(levels: list[dict]) -> dict[int, int]:
+    """Per guidellm level, the mean prompt its requests rendered to on the platform: its 128 tokens of text with
+    the chat template (and the tokens guidellm puts before the text) come to about 158, where the bench's own
+    prompts are 128 in all. A level without the number keeps the default."""
+    return {lv["concurrency"]: round(lv["prompt_tokens_per_request"]["mean"]) for lv in levels
+            if (lv.get("prompt_tokens_per_request") or {}).get("mean")}
+
+
+# guidellm's requests name no temperature, so the platform samples them at OpenAI's default, 1.0: the engine
+# alone samples its guidellm-shaped requests the same way (the bench's own clients ask for greedy).
+GUIDELLM_MIXES = {"a": replace(MIXES["a"], temperature=1.0)}
 
 
 async def run_level(target: Target, prompts: list[ChatPrompt], mix: Mix, concurrency: int, config: CapacityConfig,
@@ -175,7 +196,8 @@ async def run_transformers(model_dir: Path, prompts: Prompts, config: CapacityCo
     return runs
 
 
-def run_engine(model_dir: Path, prompts: Prompts, config: CapacityConfig, at: dict[str, list[int]]) -> dict:
+def run_engine(model_dir: Path, prompts: Prompts, config: CapacityConfig, at: dict[str, list[int]],
+               mixes: dict[str, Mix] = MIXES) -> dict:
     """The engine alone at the concurrencies `at[mix]`."""
     from bench.capacity.engine import engine_level, load_engine_alone
 
@@ -185,7 +207,7 @@ def run_engine(model_dir: Path, prompts: Prompts, config: CapacityConfig, at: di
         out = []
         for c in levels:
             load = [round(x, 2) for x in os.getloadavg()]
-            records, observed = engine_level(engine, prompts(mix, c), MIXES[mix], c, config.duration_s,
+            records, observed = engine_level(engine, prompts(mix, c), mixes[mix], c, config.duration_s,
                                              config.drain_s)
             out.append({"concurrency": c, "load_avg_at_start": load, **client_summary(records, config.duration_s),
                         **observed})
@@ -232,8 +254,12 @@ async def run_capacity_bench(model_dir: Path, config: CapacityConfig, workdir: P
     if "engine" in config.servers:
         begun = time.monotonic()
         at = engine_concurrencies(config, runs.get("ledgerlm"))
+        engine_prompts, mixes = prompts, MIXES
+        if config.client == "guidellm":
+            levels = runs.get("ledgerlm", {}).get("a", {}).get("levels", [])
+            engine_prompts, mixes = prompts.as_long_as(levels), GUIDELLM_MIXES
         try:
-            runs["engine"] = await asyncio.to_thread(run_engine, model_dir, prompts, config, at)
+            runs["engine"] = await asyncio.to_thread(run_engine, model_dir, engine_prompts, config, at, mixes)
         except Exception as exc:  # the servers' numbers are kept, with the reason the engine has none
             unavailable["engine"] = f"{type(exc).__name__}: {exc}"
         wall["engine"] = round(time.monotonic() - begun, 1)
@@ -280,7 +306,11 @@ def assemble(config: CapacityConfig, model_dir: Path, runs: dict, unavailable: d
             "engine": {"built_by": "consumers.worker.runtime.load_engine(Settings(worker_device='cpu'))",
                        "levels": config.engine_levels,
                        "note": "at ledgerlm's saturation level per mix only" if config.engine_levels == "saturation"
-                               else "at every level"}},
+                               else "at every level",
+                       **({"requests": "guidellm's shape: prompts as long as its requests rendered on the platform "
+                                       "at the same level (prompt_tokens_per_request), sampled at temperature 1.0 "
+                                       "as the platform samples them (guidellm names no temperature)"}
+                          if config.client == "guidellm" else {})}},
         "servers": runs, "unavailable": unavailable,
         "saturation": {server: {mix: run["saturation"] for mix, run in by_mix.items()}
                        for server, by_mix in runs.items()},

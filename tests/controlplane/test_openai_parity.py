@@ -168,8 +168,10 @@ async def test_n_choices_stream_with_their_index_and_usage_and_bill_count_all_of
 
     model = versions["served"]
     hits_before = worker.engine.stats().prefix_hit_tokens
+    # ignore_eos: every choice runs its 6 tokens whatever its seed draws (the sampler's draws are not pinned)
     stream = await client.chat.completions.create(model=model, messages=LONG_CHAT, max_tokens=6, temperature=1.0,
-                                                  seed=3, n=3, stream=True, stream_options={"include_usage": True})
+                                                  seed=3, n=3, stream=True, stream_options={"include_usage": True},
+                                                  extra_body={"ignore_eos": True})
     chunks = [c async for c in stream]
     texts = {i: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
              for i in range(3)}
@@ -182,7 +184,7 @@ async def test_n_choices_stream_with_their_index_and_usage_and_bill_count_all_of
     full_blocks = (usage.prompt_tokens - 1) // 16
     assert full_blocks >= 1 and worker.engine.stats().prefix_hit_tokens - hits_before >= 2 * full_blocks * 16
     again = await client.chat.completions.create(model=model, messages=LONG_CHAT, max_tokens=6, temperature=1.0, seed=3,
-                                                 n=3)
+                                                 n=3, extra_body={"ignore_eos": True})
     assert [c.message.content for c in again.choices] == [texts[0], texts[1], texts[2]]  # seeds seed, seed+1, ...
     assert [c.index for c in again.choices] == [0, 1, 2] and again.usage.completion_tokens == 18
     await project_all(bootstrap, database_url)

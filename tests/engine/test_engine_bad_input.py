@@ -117,3 +117,26 @@ def test_a_forward_error_fails_its_batch_and_the_engine_keeps_serving(make_engin
     engine.add_request(make_request("c", prompts[2], max_tokens=8))
     later = run_engine(engine)["c"]
     assert tokens_of(later) == reference(prompts[2], 8) and finish_of(later) is not FinishReason.FAILED
+
+
+def test_sampled_tokens_follow_the_distribution_and_skip_banned_ones():
+    """Inverse transform sampling: frequencies match the softmax, a banned (-inf) token is never drawn, and
+    a seed gives the same draws again."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.0, 0.0, 0.9]]))
+    params = [SamplingParams(temperature=1.0)] * 2
+    draws = 4000
+
+    def counts(seed: int) -> list[list[int]]:
+        generators = [torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)]
+        seen = [[0] * 4, [0] * 4]
+        for _ in range(draws):
+            for row, token in enumerate(Sampler().sample(logits, params, generators)):
+                seen[row][token] += 1
+        return seen
+
+    seen = counts(11)
+    assert seen[0][3] == 0 and seen[1][1] == seen[1][2] == 0
+    for row, probs in enumerate(([0.5, 0.3, 0.2, 0.0], [0.1, 0.0, 0.0, 0.9])):
+        for token, p in enumerate(probs):
+            assert abs(seen[row][token] / draws - p) < 0.03, (row, token, seen[row])
+    assert counts(11) == seen

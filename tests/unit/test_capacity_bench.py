@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -243,7 +244,7 @@ class FakeEngine:
     max_model_len = 1024
 
     def __init__(self) -> None:
-        self.time, self.requests, self.aborted = 0.0, {}, []
+        self.time, self.requests, self.aborted, self.params = 0.0, {}, [], []
 
     def clock(self) -> float:
         return self.time
@@ -254,6 +255,7 @@ class FakeEngine:
         if request.params.max_tokens > 500:
             raise RequestError("needs more KV blocks than the pool has (91)")
         self.requests[request.request_id] = [request.params.max_tokens, 0]
+        self.params.append(request.params)
 
     def step(self):
         from engine.request import FinishReason, RequestOutput
@@ -290,6 +292,7 @@ def test_engine_closed_loop_keeps_n_requests_running_and_cuts_at_the_end():
     assert len(completed) == 6 and all(r.output_tokens == 64 for r in completed)
     assert [r.error for r in loop.records if not r.completed] == [CUT, CUT]
     assert engine.aborted == ["alone-6", "alone-7"] and not engine.has_unfinished()
+    assert {p.temperature for p in engine.params} == {0.0}  # the bench's own clients ask for greedy
     refused = ClosedLoop(FakeEngine(), [PROMPT], MIXES["b"], 3)  # no max_tokens: the rest of the context
     refused.run(1.0, 1.0)
     assert [r.error for r in refused.records] == ["engine_refused"] * 3 and "pool" in refused.refusal
@@ -385,8 +388,25 @@ def test_a_guidellm_report_reads_as_a_capacity_level_and_its_command_names_the_t
     # the two requests cut at the window's end streamed tokens too: delivered counts them
     assert level["delivered_output_tok_s"] > level["output_tok_s"]
     assert level["ttft_ms"]["p50"] <= level["ttft_ms"]["p95"] and level["itl_ms"]["p95"] > 0
+    assert level["prompt_tokens_per_request"] == {"mean": None}  # this report predates the field's reading
     target = Target("ledgerlm", "http://127.0.0.1:8080", "m@1", {"chat": "llm_secret"})
     argv = command(target, "chat", Path("/models/m"), 8, 45, Path("/tmp/out.json"))
     assert "kind=openai_http,target=http://127.0.0.1:8080,model=m@1,api_key=llm_secret" in argv
     assert "kind=concurrent,streams=8" in argv and "kind=max_duration,seconds=45" in argv
     assert redact("key llm_secret leaked", target) == "key <api key> leaked"
+
+
+def test_the_engine_alone_gets_guidellm_shaped_requests_in_a_guidellm_sweep():
+    """As long as guidellm's requests rendered on the platform at each level, and sampled as the platform
+    samples a request that names no temperature."""
+    from bench.capacity.guidellm import summarize
+    from bench.capacity.run import GUIDELLM_MIXES, rendered_lengths
+
+    report = json.loads((Path(__file__).parent / "fixtures" / "guidellm-0.8.1-report.json").read_text())
+    report["benchmarks"][-1]["metrics"]["prompt_token_count"] = {"successful": {"mean": 157.6}}
+    level = {"concurrency": 8, **summarize(report)}
+    assert level["prompt_tokens_per_request"] == {"mean": 157.6}
+    assert rendered_lengths([level, {"concurrency": 16, "prompt_tokens_per_request": {"mean": None}}]) == {8: 158}
+    engine = FakeEngine()
+    ClosedLoop(engine, [PROMPT], GUIDELLM_MIXES["a"], 2, clock=engine.clock).run(duration_s=1.0, drain_s=1.0)
+    assert engine.params and {(p.temperature, p.max_tokens, p.ignore_eos) for p in engine.params} == {(1.0, 64, True)}
