@@ -86,10 +86,10 @@ class Settings(BaseSettings):
     lease_ms: int = Field(default=5000, ge=100, description="a worker silent this long loses its attempts")
     heartbeat_interval_ms: int = Field(default=1000, ge=50)
     lease_check_interval_ms: int = Field(default=250, ge=10)
-    interactive_queue_allowance_ms: int = Field(default=2000, ge=0, description="the interactive TTFT allowance")
-    interactive_queue_fraction: float = Field(default=0.5, ge=0, le=1, description="an interactive request may "
-                                              "queue on a worker whose predicted wait fits this share of the "
-                                              "allowance; beyond it, 503 with a Retry-After from the prediction")
+    interactive_queue_allowance_ms: int = Field(default=2000, ge=0, description="the interactive TTFT allowance: "
+                                                "an interactive request is routed to a worker whose predicted, "
+                                                "calibrated time to its first token fits it; beyond it, 503 with "
+                                                "a Retry-After from the prediction")
     batch_completion_window_s: int = Field(default=86400, ge=60, le=7 * 86400, description="an accepted batch "
                                            "generation waits for capacity this long before it expires (a tenant's "
                                            "`batch_completion_window_s` or the request's `completionWindowS` may "

@@ -67,26 +67,27 @@ class Decider(HeldWork):
         """Retry-After spread over [base, 1.5 base] so refused clients do not return in lockstep."""
         return int(base_ms * (1.0 + 0.5 * self.rng.random()))
 
-    def queue_allowance_s(self) -> float:
-        """The predicted wait a new interactive attempt may be routed with: a share of its TTFT allowance (the
-        rest is its own prefill). (Batch work is routed by `batch_dispatch_wait_ms`, or held.)"""
-        return self.settings.interactive_queue_allowance_ms / 1000 * self.settings.interactive_queue_fraction
+    def ttft_allowance_s(self) -> float:
+        """The TTFT an interactive attempt may be routed with: its predicted, calibrated time to the first token
+        must fit. (Batch work is routed by `batch_dispatch_wait_ms`, or held.)"""
+        return self.settings.interactive_queue_allowance_ms / 1000
 
     def capacity_refusal(self, cmd: SubmitGeneration, candidates: dict[str, int], demand: Demand,
                          now: datetime) -> AdmissionDecision:
-        """503 no_capacity, saying the best predicted wait and its terms; Retry-After is when that wait would fit
-        again."""
+        """503 no_capacity, saying the best predicted TTFT and its terms; Retry-After is when that TTFT would
+        fit again."""
         best = self.versions.shortest_wait(candidates, demand, now.timestamp())
-        allowance_s = self.queue_allowance_s()
+        allowance_s = self.ttft_allowance_s()
         if best is None:
             retry_ms, why = self.jittered_ms(self.settings.retry_after_ms), "no ready worker"
         else:
-            retry_ms = self.jittered_ms(int(min(max(best.wait_s - allowance_s, 0.25), 60.0) * 1000))
-            why = (f"the shortest predicted wait, {best.wait_s:.2f} s ({best.describe()}), exceeds the "
-                   f"{allowance_s:.2f} s queue allowance")
+            retry_ms = self.jittered_ms(int(min(max(best.ttft_s - allowance_s, 0.25), 60.0) * 1000))
+            why = (f"the shortest predicted time to the first token, {best.ttft_s:.2f} s ({best.describe()}), "
+                   f"exceeds the {allowance_s:.2f} s allowance")
             log.info("refused no_capacity tenant=%s tier=%s prompt_tokens=%d wait_ms=%d model_ms=%d "
-                     "queued_tokens=%d pending=%d worker=%s", cmd.tenant_id, cmd.tier, demand.prompt_tokens,
-                     best.wait_s * 1000, best.model_s * 1000, best.queued_tokens, best.pending, best.worker_id)
+                     "queued_tokens=%d pending=%d ttft_ms=%d model_ttft_ms=%d worker=%s", cmd.tenant_id, cmd.tier,
+                     demand.prompt_tokens, best.wait_s * 1000, best.model_s * 1000, best.queued_tokens,
+                     best.pending, best.ttft_s * 1000, best.model_ttft_s * 1000, best.worker_id)
         return self.reply(cmd, "rejected", 503, request_id=cmd.request_id, error_code="no_capacity",
                           reason=f"{why} of {cmd.tier} work for {describe(cmd.model_version, candidates)}",
                           retry_after_ms=retry_ms)
@@ -161,7 +162,7 @@ class Decider(HeldWork):
         demand = Demand(len(cmd.input_token_ids), cmd.output_tokens, cmd.tier == "batch")
         if cmd.tier == "batch":
             return self.submit_batch(state, tenant, limits, cmd, reserved, candidates, demand, now)
-        routed = self.versions.route(candidates, demand, self.queue_allowance_s(), now.timestamp())
+        routed = self.versions.route(candidates, demand, self.ttft_allowance_s(), now.timestamp())
         if routed is None:
             return Effects(replies=[self.capacity_refusal(cmd, candidates, demand, now)])
         version, choice = routed
@@ -283,7 +284,7 @@ class Decider(HeldWork):
         if cmd.attempt is not None and cmd.epoch <= self.settings.max_refusals:
             demand = Demand(len(cmd.attempt.input_token_ids), cmd.attempt.output_tokens)
             choice = self.registry.choose(gen.model_version or cmd.attempt.model_version, demand,
-                                          self.queue_allowance_s(), self.settings.worker_decode_tokens_per_s,
+                                          self.ttft_allowance_s(), self.settings.worker_decode_tokens_per_s,
                                           now.timestamp(), exclude=frozenset({cmd.worker_id}))
         if choice is None:
             code, why = ("no_capacity", "no other worker has room") if cmd.attempt is not None else (

@@ -80,20 +80,23 @@ class WorkerChoice:
 
 @dataclass(frozen=True)
 class WaitTerms:
-    """A worker's predicted wait and what it is made of, for a refusal to say why (counts only): the queue
-    model's seconds, the prompt tokens queued ahead (its heartbeat's and those dispatched since) and the
-    dispatches its heartbeat does not count yet; the rest of `wait_s` is the worker's measured error."""
+    """A worker's predicted wait and TTFT and what they are made of, for a refusal to say why (counts only): the
+    queue model's seconds, the prompt tokens still ahead (its heartbeat's and those dispatched since, drained
+    since) and the dispatches its heartbeat does not count yet; the rest of `wait_s` and `ttft_s` is the
+    worker's measured error."""
 
     worker_id: str
     wait_s: float
     model_s: float
     queued_tokens: int
     pending: int
+    ttft_s: float
+    model_ttft_s: float
 
     def describe(self) -> str:
         return (f"on {self.worker_id}: queue model {self.model_s:.2f} s ({self.queued_tokens} prompt tokens "
-                f"queued ahead, {self.pending} dispatched since its heartbeat) + measured error "
-                f"{self.wait_s - self.model_s:+.2f} s")
+                f"queued ahead, {self.pending} dispatched since its heartbeat), TTFT model {self.model_ttft_s:.2f} "
+                f"s, + measured error {self.ttft_s - self.model_ttft_s:+.2f} s")
 
 
 @dataclass(frozen=True)
@@ -214,75 +217,90 @@ class WorkerRegistry:
             return False
         return view.heartbeat.within_lease(now, self.read_through)
 
-    def predicted_wait_s(self, view: WorkerView, demand: Demand, decode_tokens_per_s: float) -> tuple[float, bool]:
-        """(seconds until this attempt's prefill could start, whether it waits for KV) from the heartbeat.
+    def predicted_wait_s(self, view: WorkerView, demand: Demand, decode_tokens_per_s: float,
+                         now: float) -> tuple[float, float, bool]:
+        """(seconds until this attempt's prefill could start, seconds until its first token, whether it waits
+        for KV) from the heartbeat, as of `now`.
 
-        The prompts queued ahead are served up to the per-step token budget at a time, and this attempt's
-        prefill starts in the step where they end (chunked prefill fills the rest of that step with it), so it
-        waits floor(queued / budget) whole prefill steps. (Counting ceil(...) steps made the median promise 4x
-        too long at 4-16 streams: prompts arriving together share one step.) A whole step costs a decode step
-        at the batch running now plus the budget's tokens at the measured cost of a prefill token (`full_step_s`);
-        the mean step that ran prefill, mostly one short prompt, understated it about 3x in a burst. What
-        is left of the step running now, half a step of the length measured at the batch running now on
-        average (`step_ms`), comes first when the worker runs anything. The dispatch is the worker's measured
-        error (`calibrated_s`). The KV tokens this attempt lacks free up at the measured token rate. A worker
-        that has not measured yet is predicted from `decode_tokens_per_s`.
+        Chunked prefill serves the prompts queued ahead (`ahead_tokens`: drained since they were counted) and
+        then this one, up to the per-step token budget at a time. Its prefill starts in the step where the
+        queue ahead ends, so it waits floor(ahead / budget) whole steps; its first token comes with the step
+        that takes the prompt's last token, after ceil((ahead + prompt) / budget) - 1 whole steps, and that
+        last step carries the rest of the queue's tokens as well as its own. (Counting only its own prompt in
+        that step made a burst's promise up to a whole step short: the 4th of 8 prompts of 158 tokens, with
+        474 tokens ahead, was promised 0.4 s and waited 1.5 s.) A whole step costs a decode step at the batch
+        running now plus the budget's tokens at the measured cost of a prefill token (`full_step_s`). What is
+        left of the step running now, half a step of the length measured at the batch running now on
+        average (`step_ms`), comes first when the worker runs anything. The KV tokens this attempt lacks free
+        up at the measured token rate. A worker that has not measured yet is predicted from
+        `decode_tokens_per_s`.
         """
         hb = view.heartbeat
         rate = hb.tokens_per_s or decode_tokens_per_s
         deficit = max(0, demand.tokens_on(hb) - view.room_tokens)
-        queued = view.queued_tokens_ahead(demand.batch)
+        first_s = hb.step_ms / 2000 if hb.step_ms and (hb.running or view.pending) else 0.0
+        first_s += deficit / rate
         full_step_s = self.full_step_s(hb)
-        if full_step_s is not None:
-            prefill_s = queued // hb.max_batched_tokens * full_step_s
-        else:
-            prefill_s = queued / rate
-        in_flight_s = hb.step_ms / 2000 if hb.step_ms and (hb.running or view.pending) else 0.0
-        return in_flight_s + prefill_s + deficit / rate, deficit > 0
+        ahead = self.ahead_tokens(view, demand, now, self.prefill_rate(hb, rate))
+        if full_step_s is None:
+            wait_s = ahead / rate
+            return first_s + wait_s, first_s + wait_s + demand.prompt_tokens / rate, deficit > 0
+        budget = hb.max_batched_tokens
+        through = ahead + demand.prompt_tokens
+        whole = max(0, -(-through // budget) - 1)
+        ttft_s = whole * full_step_s + self.step_s(hb, through - whole * budget)
+        return first_s + ahead // budget * full_step_s, first_s + ttft_s, deficit > 0
 
     @staticmethod
     def full_step_s(hb: WorkerHeartbeat) -> float | None:
-        """A step whose token budget is all prefill: a decode step plus the budget at the cost of a prefill
-        token; where the worker has not split its step cost yet, the mean step that ran prefill (None: not
-        measured)."""
+        """A step whose token budget is all prefill (None: not measured)."""
         if not hb.max_batched_tokens:
             return None
+        return WorkerRegistry.step_s(hb, hb.max_batched_tokens)
+
+    @staticmethod
+    def step_s(hb: WorkerHeartbeat, prefill_tokens: int) -> float | None:
+        """A step with `prefill_tokens` beside the running decodes: a decode step plus that many tokens at the
+        cost of a prefill token; where the worker has not split its step cost yet, the mean step that ran
+        prefill (None: not measured)."""
         if hb.decode_step_ms and hb.prefill_token_ms:
-            return (hb.decode_step_ms + hb.max_batched_tokens * hb.prefill_token_ms) / 1000
+            return (hb.decode_step_ms + prefill_tokens * hb.prefill_token_ms) / 1000
         return hb.prefill_step_ms / 1000 if hb.prefill_step_ms else None
 
-    @staticmethod
-    def own_prefill_s(view: WorkerView, demand: Demand, decode_tokens_per_s: float) -> float:
-        """The prefill steps of the attempt's own prompt once it starts: ceil(prompt / budget) decode steps plus
-        its tokens at the cost of a prefill token (where not split yet: that many steps of the mean length that
-        ran prefill; a worker that has not measured yet: the prompt at `decode_tokens_per_s`)."""
-        hb = view.heartbeat
-        if hb.max_batched_tokens:
-            steps = -(-demand.prompt_tokens // hb.max_batched_tokens)
-            if hb.decode_step_ms and hb.prefill_token_ms:
-                return (steps * hb.decode_step_ms + demand.prompt_tokens * hb.prefill_token_ms) / 1000
-            if hb.prefill_step_ms:
-                return steps * hb.prefill_step_ms / 1000
-        return demand.prompt_tokens / (hb.tokens_per_s or decode_tokens_per_s)
+    @classmethod
+    def prefill_rate(cls, hb: WorkerHeartbeat, rate: float) -> float:
+        """Prompt tokens a second the worker prefills while it has prompts queued: the budget per whole step
+        (where not measured, `rate`)."""
+        full_step_s = cls.full_step_s(hb)
+        return hb.max_batched_tokens / full_step_s if full_step_s else rate
 
     @staticmethod
-    def calibrated_s(view: WorkerView, demand: Demand, model_s: float) -> float:
-        """The model's wait plus what it missed on this worker lately (heartbeat `wait_error_ms`, measured on
-        interactive attempts: batch work waits behind every prompt and is not promised a latency)."""
-        error_ms = view.heartbeat.wait_error_ms
+    def ahead_tokens(view: WorkerView, demand: Demand, now: float, prefill_per_s: float) -> int:
+        """Prompt tokens still ahead of an attempt of this tier at `now`: the heartbeat's queue (for interactive
+        work, its interactive part) and the prompts dispatched since (each from when it was decided, or the
+        heartbeat if later), drained at `prefill_per_s` while any is queued. (Counting every dispatch since
+        the heartbeat in full, a prompt dispatched 0.9 s before, long in its decodes, still counted as
+        queued: at 8 guidellm streams, 4 of them made 632 tokens and the refusals' 1.3 s.)"""
+        hb = view.heartbeat
+        queued = float(hb.queued_tokens if demand.batch else hb.queued_tokens - hb.batch_queued_tokens)
+        at = as_of(hb).timestamp()
+        arrivals = sorted((max(p.at, at), p.prompt_tokens) for p in view.pending.values()
+                          if demand.batch or not p.batch)
+        for arrived, tokens in arrivals:
+            queued = max(0.0, queued - prefill_per_s * (arrived - at)) + tokens
+            at = arrived
+        return round(max(0.0, queued - prefill_per_s * max(0.0, now - at)))
+
+    @staticmethod
+    def calibrated(view: WorkerView, demand: Demand, model_s: float, ttft: bool = False) -> float:
+        """The model's wait (or TTFT) plus what it missed on this worker lately: the heartbeat's
+        `wait_error_ms` (`ttft_error_ms`; the wait's where the TTFT's is not measured), measured on interactive
+        attempts: batch work waits behind every prompt and is not promised a latency."""
+        hb = view.heartbeat
+        error_ms = hb.wait_error_ms if not ttft or hb.ttft_error_ms is None else hb.ttft_error_ms
         if demand.batch or error_ms is None:
             return model_s
         return max(0.0, model_s + error_ms / 1000)
-
-    @staticmethod
-    def calibrated_ttft_s(view: WorkerView, demand: Demand, model_ttft_s: float, prefill_s: float,
-                          queue_s: float) -> float:
-        """The model's TTFT plus what it missed on this worker lately (heartbeat `ttft_error_ms`, interactive
-        attempts only); without a measured error, the calibrated wait plus its own prefill steps."""
-        error_ms = view.heartbeat.ttft_error_ms
-        if demand.batch or error_ms is None:
-            return queue_s + prefill_s
-        return max(0.0, model_ttft_s + error_ms / 1000)
 
     def candidates(self, model_version: str, demand: Demand, now: float, exclude: frozenset[str]):
         for worker_id, view in self.workers.items():
@@ -294,34 +312,37 @@ class WorkerRegistry:
 
     def choose(self, model_version: str, demand: Demand, allowance_s: float, decode_tokens_per_s: float,
                now: float, exclude: frozenset[str] = frozenset(), may_wait: bool = True) -> WorkerChoice | None:
-        """The ready worker with the version and the shortest predicted wait, if it fits `allowance_s`.
+        """The ready worker with the version and the shortest predicted wait, if it fits `allowance_s`: an
+        interactive attempt's calibrated TTFT, a batch attempt's wait (it is promised no latency; it is
+        dispatched only where it would start soon).
 
         An attempt that lacks KV room waits on the worker until running work frees it; `may_wait=False`
         routes only to workers with room now.
         """
         best: WorkerChoice | None = None
         for worker_id, view in self.candidates(model_version, demand, now, exclude):
-            model_s, waits = self.predicted_wait_s(view, demand, decode_tokens_per_s)
-            queue_s = self.calibrated_s(view, demand, model_s)
-            if queue_s > allowance_s or (waits and not may_wait):
+            model_s, model_ttft_s, waits = self.predicted_wait_s(view, demand, decode_tokens_per_s, now)
+            queue_s = self.calibrated(view, demand, model_s)
+            ttft_s = self.calibrated(view, demand, model_ttft_s, ttft=True)
+            if (queue_s if demand.batch else ttft_s) > allowance_s or (waits and not may_wait):
                 continue
-            prefill_s = self.own_prefill_s(view, demand, decode_tokens_per_s)
-            ttft_s = self.calibrated_ttft_s(view, demand, model_s + prefill_s, prefill_s, queue_s)
-            choice = WorkerChoice(worker_id, view.room_tokens, queue_s, waits, model_s, ttft_s, model_s + prefill_s)
+            choice = WorkerChoice(worker_id, view.room_tokens, queue_s, waits, model_s, ttft_s, model_ttft_s)
             if best is None or (choice.queue_s, -choice.room_tokens) < (best.queue_s, -best.room_tokens):
                 best = choice
         return best
 
     def shortest_wait(self, model_version: str, demand: Demand, decode_tokens_per_s: float,
                       now: float) -> WaitTerms | None:
-        """The best predicted wait over every ready worker with the version, whatever the allowance, with the
+        """The best predicted TTFT over every ready worker with the version, whatever the allowance, with the
         terms it is made of."""
         best: WaitTerms | None = None
         for worker_id, view in self.candidates(model_version, demand, now, frozenset()):
-            model_s, _ = self.predicted_wait_s(view, demand, decode_tokens_per_s)
-            terms = WaitTerms(worker_id, self.calibrated_s(view, demand, model_s), model_s,
-                              view.queued_tokens_ahead(demand.batch), len(view.pending))
-            if best is None or terms.wait_s < best.wait_s:
+            model_s, model_ttft_s, _ = self.predicted_wait_s(view, demand, decode_tokens_per_s, now)
+            prefill_per_s = self.prefill_rate(view.heartbeat, view.heartbeat.tokens_per_s or decode_tokens_per_s)
+            terms = WaitTerms(worker_id, self.calibrated(view, demand, model_s), model_s,
+                              self.ahead_tokens(view, demand, now, prefill_per_s), len(view.pending),
+                              self.calibrated(view, demand, model_ttft_s, ttft=True), model_ttft_s)
+            if best is None or terms.ttft_s < best.ttft_s:
                 best = terms
         return best
 

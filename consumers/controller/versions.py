@@ -68,4 +68,4 @@ class VersionPicker:
 
     def shortest_wait(self, candidates: dict[str, int], demand: Demand, now: float) -> WaitTerms | None:
         waits = [self.registry.shortest_wait(v, demand, self.decode_tokens_per_s, now) for v in candidates]
-        return min((w for w in waits if w is not None), key=lambda w: w.wait_s, default=None)
+        return min((w for w in waits if w is not None), key=lambda w: w.ttft_s, default=None)

@@ -68,7 +68,7 @@ async def test_interactive_request_beyond_the_predicted_wait_gets_503_with_retry
         gateway, controller, tenants, bootstrap, producer, model_dir, cp_settings):
     version = await own_version(bootstrap, model_dir, gateway, "predicted")
     # A worker whose heartbeat says 12,000 prefill tokens are queued and it computes 1,000 tokens/s:
-    # a 12 s wait, where the interactive share of the session's allowance is 5 s.
+    # a 12 s wait before the first token, where the session's TTFT allowance is 10 s.
     fake = WorkerHeartbeat(worker_id=f"busy-{SESSION}", model_versions=(version,), total_blocks=1000,
                            free_blocks=1000, block_size=16, running=8, queued_tokens=12_000, lease_ms=60_000,
                            plane=cp_settings.controller_group, reservation="optimistic", headroom_tokens=32,
@@ -76,8 +76,8 @@ async def test_interactive_request_beyond_the_predicted_wait_gets_503_with_retry
     await publish(producer, "llm.workers", fake)
     try:
         def predicted_wait(refused) -> bool:
-            return refused.status_code == 503 and "predicted wait" in refused.json()["message"] and \
-                refused.json().get("details", {}).get("retryAfterMs", 0) >= 5000
+            return refused.status_code == 503 and "predicted time to the first token" in refused.json()["message"] \
+                and refused.json().get("details", {}).get("retryAfterMs", 0) >= 2000
 
         # until the controller has the heartbeat (404/503 for the idle version before)
         refused = await wait_until(lambda: gateway.post("/v1/generations", headers=tenants["main"].headers,
@@ -85,8 +85,8 @@ async def test_interactive_request_beyond_the_predicted_wait_gets_503_with_retry
                                    step_s=0.1, accept=predicted_wait,
                                    what=lambda r: f"a refusal for the predicted wait: {r.text}")
         assert refused.status_code == 503 and refused.json()["code"] == "no_capacity", refused.text
-        # (12 s - 5 s) jittered by up to +50%: 7-10.5 s, as whole seconds in the header.
-        assert 7 <= int(refused.headers["retry-after"]) <= 11, refused.headers
+        # (12 s and its own prompt - 10 s) jittered by up to +50%: 2-3.1 s, as whole seconds in the header.
+        assert 2 <= int(refused.headers["retry-after"]) <= 4, refused.headers
     finally:
         await publish(producer, "llm.workers", fake.model_copy(update={"alive": False}))
 

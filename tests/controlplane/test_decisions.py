@@ -232,9 +232,9 @@ def test_commands_the_gateway_gave_up_on_are_not_admitted(world):
 def test_batch_work_without_room_now_is_held_and_counts_against_queued_tokens(world):
     decider, registry, state = world
     decider.tenants["acme"] = TenantLimits(max_queued_tokens=100)
-    # 32 tokens of room; 20 tokens/s: the 32 missing tokens predict a 1.6 s wait, over the interactive
-    # share of the allowance (0.5 x 2 s). Batch work is not sent to wait on the worker: the controller holds it.
-    registry.observe(heartbeat("w1", free_blocks=2, tokens_per_s=20.0))
+    # 32 tokens of room; 10 tokens/s: the 32 missing tokens predict a 3.2 s wait, over the 2 s TTFT
+    # allowance. Batch work is not sent to wait on the worker: the controller holds it.
+    registry.observe(heartbeat("w1", free_blocks=2, tokens_per_s=10.0))
     interactive = decider.submit(state, submit("i", max_output=60), NOW).replies[0]
     first = decider.submit(state, submit("b1", max_output=60, tier="batch"), NOW)
     second = decider.submit(state, submit("b2", max_output=60, tier="batch"), NOW).replies[0]
@@ -244,10 +244,11 @@ def test_batch_work_without_room_now_is_held_and_counts_against_queued_tokens(wo
     assert (second.http_status, second.error_code) == (429, "queued_tokens")
 
 
-def test_interactive_request_queues_when_the_predicted_wait_fits_the_allowance_share(world):
+def test_interactive_request_queues_when_the_predicted_ttft_fits_the_allowance(world):
     decider, registry, state = world
     # An optimistic worker reserves prompt + 32 headroom tokens: 36 of them for this request, 4 more than its
-    # 32 tokens of room; with 100 queued prefill tokens at 200 tokens/s the wait is (100 + 4) / 200 = 0.52 s.
+    # 32 tokens of room; with 100 queued prefill tokens at 200 tokens/s the wait is (100 + 4) / 200 = 0.52 s
+    # and the TTFT 0.54 s (its own 4 tokens).
     registry.observe(heartbeat("w1", free_blocks=2, queued_tokens=100, tokens_per_s=200.0,
                                reservation="optimistic", headroom_tokens=32))
     effects = decider.submit(state, submit("q", max_output=60), NOW)
@@ -257,18 +258,19 @@ def test_interactive_request_queues_when_the_predicted_wait_fits_the_allowance_s
     assert registry.workers["w1"].room_tokens == 32 - 36
 
 
-def test_interactive_request_beyond_the_predicted_wait_is_503_with_a_retry_after_from_the_prediction(world):
+def test_interactive_request_beyond_the_predicted_ttft_is_503_with_a_retry_after_from_the_prediction(world):
     decider, registry, state = world
-    # 600 queued prefill tokens at 200 tokens/s: a 3 s wait where 1 s is allowed -> retry in about 2 s.
+    # 600 queued prefill tokens at 200 tokens/s: a 3 s wait and its own 4 tokens, a 3.02 s TTFT where 2 s is
+    # allowed -> retry in about 1 s.
     registry.observe(heartbeat("w1", free_blocks=64, queued_tokens=600, tokens_per_s=200.0,
                                reservation="optimistic", headroom_tokens=32))
     reply = decider.submit(state, submit("late", max_output=60), NOW).replies[0]
     assert (reply.http_status, reply.error_code) == (503, "no_capacity")
-    assert 2000 <= reply.retry_after_ms <= 3000  # (3.0 - 1.0) s, jittered by up to +50%
-    assert "predicted wait, 3.00 s" in reply.reason and not state.tenant("acme").generations
-    # The reason says what the wait is made of: the queue model, what is queued, and the worker's measured error.
+    assert 1020 <= reply.retry_after_ms <= 1530  # (3.02 - 2.0) s, jittered by up to +50%
+    assert "predicted time to the first token, 3.02 s" in reply.reason and not state.tenant("acme").generations
+    # The reason says what the TTFT is made of: the queue model, what is queued, and the worker's measured error.
     assert "queue model 3.00 s (600 prompt tokens queued ahead, 0 dispatched since" in reply.reason
-    assert "measured error +0.00 s" in reply.reason
+    assert "TTFT model 3.02 s, + measured error +0.00 s" in reply.reason
     batch = decider.submit(state, submit("b", max_output=60, tier="batch"), NOW).replies[0]
     assert batch.http_status == 201  # batch work is never refused for load: the controller holds it
 
@@ -276,7 +278,7 @@ def test_interactive_request_beyond_the_predicted_wait_is_503_with_a_retry_after
 def test_queued_prompts_are_predicted_in_prefill_steps_of_the_token_budget(world):
     decider, registry, state = world
     # 300 queued prompt tokens leave room in the next 512-token step: this prefill starts beside them, no step
-    # waited; 1,100 fill two whole steps of 400 ms first: 0.8 s, still within the 1 s share.
+    # waited; 1,100 fill two whole steps of 400 ms first: 0.8 s, and its first token a step later, 1.2 s.
     for queued, request_id in ((300, "same-step"), (1100, "two-steps")):
         registry.observe(heartbeat("w1", queued_tokens=queued, tokens_per_s=50.0, prefill_step_ms=400.0,
                                    max_batched_tokens=512, reservation="optimistic", headroom_tokens=32))
@@ -284,22 +286,23 @@ def test_queued_prompts_are_predicted_in_prefill_steps_of_the_token_budget(world
         assert decision.replies[0].http_status == 201
         (start,) = [e for e in decision.dispatch if e.type == "StartAttempt"]
         assert start.model_wait_ms == (0 if queued == 300 else 800)
-    # 1,600 (with the two just dispatched, not yet in a heartbeat: 1,856) are three whole steps: 1.2 s -> 503,
-    # retry once 0.2 s of it has passed (at least 0.25 s).
-    registry.observe(heartbeat("w1", queued_tokens=1600, tokens_per_s=50.0, prefill_step_ms=400.0,
+    # 2,600 (with the two just dispatched, not yet in a heartbeat: 2,608) are five whole steps, its first token
+    # comes with the sixth: 2.4 s -> 503, retry once 0.4 s of it has passed.
+    registry.observe(heartbeat("w1", queued_tokens=2600, tokens_per_s=50.0, prefill_step_ms=400.0,
                                max_batched_tokens=512, reservation="optimistic", headroom_tokens=32,
                                at=NOW + timedelta(seconds=1)))
     refused = decider.submit(state, submit("three-steps", max_output=60), NOW + timedelta(seconds=1)).replies[0]
     assert (refused.http_status, refused.error_code) == (503, "no_capacity")
-    assert 250 <= refused.retry_after_ms <= 375
+    assert 400 <= refused.retry_after_ms <= 600
 
 
 def test_a_refusal_names_the_workers_measured_error_beside_the_queue_model(world):
     decider, registry, state = world
-    # Nothing queued, but the worker measured its recent interactive waits 1.4 s longer than the model said.
+    # Nothing queued, but the worker measured its recent interactive waits 1.8 s longer than the model said:
+    # its own step (0.4 s) and that make 2.2 s.
     registry.observe(heartbeat("w1", queued_tokens=0, tokens_per_s=50.0, prefill_step_ms=400.0,
-                               max_batched_tokens=512, wait_error_ms=1400.0))
+                               max_batched_tokens=512, wait_error_ms=1800.0))
     refused = decider.submit(state, submit("r", max_output=60), NOW).replies[0]
     assert (refused.http_status, refused.error_code) == (503, "no_capacity")
-    assert "predicted wait, 1.40 s (on w1: queue model 0.00 s (0 prompt tokens queued ahead" in refused.reason
-    assert "measured error +1.40 s" in refused.reason
+    assert "first token, 2.20 s (on w1: queue model 0.00 s (0 prompt tokens queued ahead" in refused.reason
+    assert "TTFT model 0.40 s, + measured error +1.80 s" in refused.reason

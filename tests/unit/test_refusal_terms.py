@@ -47,8 +47,9 @@ def test_the_refusals_of_a_window_are_counted_with_the_terms_of_their_predicted_
     logger.setLevel(logging.INFO)
     try:
         t0 = time.time() - 1
-        refuse(queued_tokens=1600, wait_error_ms=0.0, request_id="queue")  # 3 whole steps of 400 ms: 1.2 s
-        refuse(queued_tokens=0, wait_error_ms=1500.0, request_id="error")  # nothing queued, measured 1.5 s
+        # 5 whole steps of 400 ms before its prefill (2.0 s), its first token a step later: 2.4 s
+        refuse(queued_tokens=2600, wait_error_ms=0.0, request_id="queue")
+        refuse(queued_tokens=0, wait_error_ms=2000.0, request_id="error")  # nothing queued, measured 2 s late
         t1 = time.time() + 1
     finally:
         logger.removeHandler(handler)
@@ -56,7 +57,9 @@ def test_the_refusals_of_a_window_are_counted_with_the_terms_of_their_predicted_
         handler.close()
     terms = refusal_terms(log, t0, t1)
     assert terms["n"] == 2
-    assert (terms["wait_ms_max"], terms["model_ms_max"], terms["error_ms_max"]) == (1500, 1200, 1500)
-    assert (terms["queued_tokens_max"], terms["pending_max"]) == (1600, 0)
+    assert (terms["wait_ms_max"], terms["model_ms_max"], terms["error_ms_max"]) == (2000, 2000, 2000)
+    assert (terms["queued_tokens_max"], terms["pending_max"]) == (2600, 0)
+    # the TTFT judged: the queue's 2.4 s; the error's 0.4 s of its own step plus the 2 s measured
+    assert (terms["ttft_ms_max"], terms["model_ttft_ms_max"], terms["ttft_ms_p50"]) == (2400, 2400, 2400)
     assert refusal_terms(log, t1, t1 + 10) == {"n": 0}  # outside the window
     assert refusal_terms(tmp_path / "absent.log", t0, t1) == {"n": 0}

@@ -61,8 +61,8 @@ def test_the_promise_ratio_is_observed_over_promised_with_a_floor_for_an_idle_wo
 
 
 def heartbeat(**fields) -> WorkerHeartbeat:
-    fields = {"queued_tokens": 400, "running": 0, **fields}
-    return WorkerHeartbeat(worker_id="w1", model_versions=("m@1",), total_blocks=64, free_blocks=64, block_size=16,
+    fields = {"queued_tokens": 400, "running": 0, "total_blocks": 64, "free_blocks": 64, **fields}
+    return WorkerHeartbeat(worker_id="w1", model_versions=("m@1",), block_size=16,
                            lease_ms=5000, occurred_at=NOW, tokens_per_s=200.0, **fields)
 
 
@@ -102,7 +102,8 @@ def test_the_predicted_ttft_adds_the_prefill_steps_of_its_own_prompt_to_the_wait
     assert short.promise == {"predicted_wait_ms": 600, "model_wait_ms": 600, "predicted_ttft_ms": 900,
                              "model_ttft_ms": 900}
     long = registry.choose("m@1", Demand(1000, 16), 5.0, 200.0, now)  # two steps of its own
-    assert long.promise["predicted_ttft_ms"] == 600 + 2 * 300
+    # 1,100 queued and 1,000 of its own make 2,100 tokens: 5 steps, the first token with the last
+    assert long.promise["predicted_ttft_ms"] == 600 + 3 * 300
     registry.observe(heartbeat(prefill_step_ms=300.0, max_batched_tokens=512, queued_tokens=1100,
                                wait_error_ms=100.0, ttft_error_ms=450.0))
     corrected = registry.choose("m@1", Demand(128, 64), 5.0, 200.0, now)
@@ -157,8 +158,55 @@ def test_whole_queued_steps_cost_a_decode_step_plus_the_budget_at_the_measured_c
                                decode_step_ms=100.0, prefill_token_ms=1.0, running=4))
     choice = registry.choose("m@1", Demand(128, 12), 5.0, 200.0, NOW.timestamp())
     assert abs(choice.model_queue_s - (0.1 + 1.224)) < 1e-9
-    # its own prompt: one step's decodes plus 128 prefill tokens
-    assert abs(choice.model_ttft_s - (0.1 + 1.224 + 0.1 + 0.128)) < 1e-9
+    # its first token comes with the third step: the decodes, the queue's last 76 tokens and its own 128
+    assert abs(choice.model_ttft_s - (0.1 + 1.224 + 0.1 + 0.204)) < 1e-9
+
+
+def test_a_prompt_that_spills_into_the_next_step_waits_for_that_whole_step():
+    """The 4th of 8 prompts of 158 tokens sent at once has 474 tokens ahead: the first step takes them and 38
+    of its own, its first token comes with the second step (counting only its own prompt promised 0.43 s)."""
+    registry = WorkerRegistry()
+    registry.observe(heartbeat(queued_tokens=474, max_batched_tokens=512, decode_step_ms=100.0,
+                               prefill_token_ms=2.0, running=8, step_ms=100.0))
+    choice = registry.choose("m@1", Demand(158, 64), 5.0, 200.0, NOW.timestamp())
+    full_step = 0.1 + 512 * 0.002
+    assert choice.model_queue_s == 0.05  # its prefill starts in the step after the one in flight
+    assert abs(choice.model_ttft_s - (0.05 + full_step + 0.1 + 120 * 0.002)) < 1e-9
+    # a 2 s allowance holds it (1.51 s), and refuses the 6th: 948 tokens ahead, two whole steps and a third, 2.56 s
+    sixth = WorkerRegistry()
+    sixth.observe(heartbeat(queued_tokens=948, max_batched_tokens=512, decode_step_ms=100.0,
+                            prefill_token_ms=2.0, running=8, step_ms=100.0))
+    assert registry.choose("m@1", Demand(158, 64), 2.0, 200.0, NOW.timestamp()) is not None
+    assert sixth.choose("m@1", Demand(158, 64), 2.0, 200.0, NOW.timestamp()) is None
+
+
+def test_dispatches_since_the_heartbeat_drain_at_the_prefill_rate():
+    """A prompt dispatched a while ago has been prefilled meanwhile: at 8 guidellm streams, 4 dispatches of
+    158 tokens within the last second counted 632 tokens ahead and refused the next request."""
+    registry = WorkerRegistry()
+    registry.observe(heartbeat(queued_tokens=0, max_batched_tokens=512, decode_step_ms=100.0,
+                               prefill_token_ms=2.0, running=4, step_ms=100.0, total_blocks=1024, free_blocks=1024))
+    now = NOW.timestamp()
+    for n in range(4):
+        registry.hold("w1", f"g{n}", Demand(158, 64), now)
+    view = registry.workers["w1"]
+    rate = 512 / (0.1 + 512 * 0.002)  # tokens a second through whole steps: ~455
+    assert WorkerRegistry.ahead_tokens(view, Demand(158, 64), now, rate) == 632
+    assert WorkerRegistry.ahead_tokens(view, Demand(158, 64), now + 0.5, rate) == round(632 - 0.5 * rate)
+    assert WorkerRegistry.ahead_tokens(view, Demand(158, 64), now + 2.0, rate) == 0
+    assert registry.choose("m@1", Demand(158, 64), 5.0, 200.0, now).model_queue_s == 0.05 + 1.124  # a whole step
+    assert registry.choose("m@1", Demand(158, 64), 5.0, 200.0, now + 1.0).model_queue_s == 0.05  # drained
+    # two dispatches apart in time: the first drains before the second arrives, not after
+    later = WorkerRegistry()
+    later.observe(heartbeat(queued_tokens=0, max_batched_tokens=512, decode_step_ms=100.0,
+                            prefill_token_ms=2.0, running=4, step_ms=100.0))
+    later.hold("w1", "a", Demand(400, 64), now)
+    later.hold("w1", "b", Demand(400, 64), now + 1.0)
+    assert WorkerRegistry.ahead_tokens(later.workers["w1"], Demand(158, 64), now + 1.0, rate) == 400
+    # batch prompts are not ahead of interactive work (the engine admits interactive prompts first)
+    later.hold("w1", "c", Demand(300, 64, batch=True), now + 1.0)
+    assert WorkerRegistry.ahead_tokens(later.workers["w1"], Demand(158, 64), now + 1.0, rate) == 400
+    assert WorkerRegistry.ahead_tokens(later.workers["w1"], Demand(158, 64, batch=True), now + 1.0, rate) == 700
 
 
 def test_the_engine_thread_splits_a_steps_cost_into_a_decode_step_and_a_prefill_tokens_share():
