@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from collections.abc import Sequence
 
@@ -90,13 +91,18 @@ def promise_summary(first: dict, last: dict, buckets: str = "promise_buckets") -
 
 
 def heartbeat_summary(samples: Sequence[dict]) -> dict:
-    """Queued tokens and running attempts from heartbeats `{"queued_tokens", "running", ...}`."""
+    """Queued tokens and running attempts from heartbeats `{"queued_tokens", "running", ...}`, and the step
+    costs the controller priced the queue with (`full_step_ms`: a decode step plus the token budget at the cost
+    of a prefill token), median and max over the level."""
     if not samples:
         return {"heartbeats": 0, "queued_tokens_peak": None, "queued_tokens_mean": None, "running_peak": None}
     queued = [s["queued_tokens"] for s in samples]
+    full = [s["decode_step_ms"] + s["max_batched_tokens"] * s["prefill_token_ms"] for s in samples
+            if s.get("decode_step_ms") and s.get("prefill_token_ms") and s.get("max_batched_tokens")]
     return {"heartbeats": len(samples), "queued_tokens_peak": max(queued),
             "queued_tokens_mean": round(sum(queued) / len(queued), 1),
-            "running_peak": max(s["running"] for s in samples)}
+            "running_peak": max(s["running"] for s in samples),
+            "full_step_ms": {"p50": round(statistics.median(full), 1), "max": round(max(full), 1)} if full else None}
 
 
 class WorkerScraper:

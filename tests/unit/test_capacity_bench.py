@@ -183,7 +183,13 @@ def test_scrape_and_heartbeat_summaries_over_a_level():
     no_counter = [{**s, "counters": {}} for s in samples]
     assert scrape_summary(no_counter, 1.0, 3.0)["preemptions"] is None
     beats = heartbeat_summary([{"queued_tokens": 100, "running": 2}, {"queued_tokens": 300, "running": 5}])
-    assert beats == {"heartbeats": 2, "queued_tokens_peak": 300, "queued_tokens_mean": 200.0, "running_peak": 5}
+    assert beats == {"heartbeats": 2, "queued_tokens_peak": 300, "queued_tokens_mean": 200.0, "running_peak": 5,
+                     "full_step_ms": None}
+    priced = heartbeat_summary([
+        {"queued_tokens": 0, "running": 8, "decode_step_ms": 100.0, "prefill_token_ms": 2.0, "max_batched_tokens": 512},
+        {"queued_tokens": 0, "running": 8, "decode_step_ms": 120.0, "prefill_token_ms": 3.0, "max_batched_tokens": 512},
+        {"queued_tokens": 0, "running": 1, "decode_step_ms": None, "prefill_token_ms": None, "max_batched_tokens": 512}])
+    assert priced["full_step_ms"] == {"p50": (1124.0 + 1656.0) / 2, "max": 1656.0}
 
 
 def make_level(c: int, tok_s: float, **more) -> dict:
