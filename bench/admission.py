@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 
 from bench.common import percentile, spawn, stop_processes, wait_for_log
+from plumbing.compute_threads import wait_policy_env
 from plumbing.settings import REPO_ROOT, Settings
 
 
@@ -101,7 +102,7 @@ async def run_admission_bench(model_dir: Path, rate: float, seconds: float, num_
     # spinning OpenMP threads slowed the same engine steps 10-20x (0.2 s vs 3.6 s for this workload).
     env = {**os.environ, "LEDGERLM_KAFKA_BOOTSTRAP": bootstrap, "LEDGERLM_DATABASE_URL": db_url,
            "LEDGERLM_CONTROLLER_GROUP": plane, "LEDGERLM_ADMISSION_TIMEOUT_MS": "30000",
-           "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+           **wait_policy_env()}
     workdir.mkdir(parents=True, exist_ok=True)
     logs = {role: workdir / f"{role}.log" for role in ("controller", "worker", "gateway")}
     port = free_port()

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from bench.common import spawn, stop_processes, wait_for_log
 from bench.proc_cpu import CLK_TCK, process_ticks
+from plumbing.compute_threads import wait_policy_env
 from plumbing.settings import Settings
 
 SETTLE_S = 3.0
@@ -71,7 +72,7 @@ async def start_platform(settings: Settings, model_dir: Path, budget: str, worke
     version, tenant_id, kafka, plain, db_url, sasl_env = await prepare(settings, model_dir, budget, run_id)
     await move_group_to_end(plain, plane, "llm.commands")
     env = {**os.environ, "LEDGERLM_KAFKA_BOOTSTRAP": plain.bootstrap, "LEDGERLM_DATABASE_URL": db_url,
-           "LEDGERLM_CONTROLLER_GROUP": plane, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+           "LEDGERLM_CONTROLLER_GROUP": plane, **wait_policy_env()}
     workdir.mkdir(parents=True, exist_ok=True)
     commands = {"controller": ["controller"],
                 **{f"worker{i}": ["worker", "--model-version", version, "--worker-id", f"{plane}-w{i}"]

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from plumbing.compute_threads import passive_compute_threads
+
+passive_compute_threads()  # before torch loads
 import torch  # noqa: E402
 
 from engine.attention import AttentionShape  # noqa: E402

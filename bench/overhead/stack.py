@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import free_port, spawn, stop_processes, wait_for_log, wait_ready
+from plumbing.compute_threads import wait_policy_env
 from plumbing.settings import Settings
 
 ROLES = ("controller", "worker", "projector", "gateway")
@@ -46,7 +47,7 @@ async def platform(version: str, workdir: Path) -> AsyncIterator[Stack]:
         max_concurrency=10_000, tokens_per_minute=100_000_000, max_tokens_in_flight=10_000_000))
     await move_group_to_end(bootstrap, plane, "llm.commands")
     env = {**os.environ, "LEDGERLM_KAFKA_BOOTSTRAP": bootstrap, "LEDGERLM_DATABASE_URL": db_url,
-           "LEDGERLM_CONTROLLER_GROUP": plane, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+           "LEDGERLM_CONTROLLER_GROUP": plane, **wait_policy_env()}
     workdir.mkdir(parents=True, exist_ok=True)
     logs = {role: workdir / f"{role}.log" for role in ROLES}
     port = free_port()

@@ -23,6 +23,7 @@ import httpx
 
 from bench.common import free_port, spawn, stop_processes, wait_for_log, wait_ready
 from bench.serve.client import Target
+from plumbing.compute_threads import wait_policy_env
 from plumbing.settings import REPO_ROOT, Settings
 
 HEARTBEAT_INTERVAL_MS = 500
@@ -86,7 +87,7 @@ SERVE_SETTINGS = {"LEDGERLM_HEARTBEAT_INTERVAL_MS": str(HEARTBEAT_INTERVAL_MS),
 def role_env(bootstrap: str, db_url: str, plane: str, settings: dict[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "LEDGERLM_KAFKA_BOOTSTRAP": bootstrap, "LEDGERLM_DATABASE_URL": db_url,
             "LEDGERLM_CONTROLLER_GROUP": plane, **(SERVE_SETTINGS if settings is None else settings),
-            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+            **wait_policy_env()}
 
 
 @asynccontextmanager
@@ -194,7 +195,7 @@ async def transformers_serve(model_dir: Path, kv_blocks: int, workdir: Path) -> 
     workdir.mkdir(parents=True, exist_ok=True)
     served = with_architectures(model_dir, workdir / "model")
     command = transformers_serve_command(served, port, kv_blocks)
-    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    env = {**os.environ, **wait_policy_env()}
     proc = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:

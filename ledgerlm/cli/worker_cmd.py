@@ -9,6 +9,7 @@ import os
 from plumbing.kafka.access import KafkaAccess
 from ledgerlm.cli.endpoints import kafka_access
 from ledgerlm.cli.errors import CliError
+from plumbing.compute_threads import passive_compute_threads
 from plumbing.settings import Settings
 
 
@@ -43,15 +44,6 @@ async def _worker(settings: Settings, kafka: KafkaAccess, args: argparse.Namespa
     log_slow_collections()
     logging.getLogger(__name__).info("startup objects frozen count=%d", frozen)
     await Worker(settings, kafka, model, engine, args.worker_id).run()
-
-
-def passive_compute_threads() -> None:
-    """The engine's OpenMP threads sleep when they wait instead of spinning, unless the operator chose otherwise
-    (`OMP_WAIT_POLICY`): it must be set before torch is first imported. On a machine the worker shares with the
-    gateway, broker and database, spinning threads took cores those needed and made each engine step wait for
-    a descheduled thread (`bench engine --quick` ran 4x slower). Every bench has run its roles this way; the worker
-    now does so by itself, so what `make run` serves is what the benches measured."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def run_worker(args: argparse.Namespace) -> int:

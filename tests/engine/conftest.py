@@ -6,7 +6,6 @@ float64 (see docs/engine.md, Testing; a tie would show up as a parity failure, n
 """
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Iterable
 
@@ -14,7 +13,9 @@ import pytest
 
 # Before the first torch import: spinning OpenMP threads on a 2-core machine
 # shared with Kafka/Postgres made engine steps several times slower.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from plumbing.compute_threads import passive_compute_threads
+
+passive_compute_threads()
 import torch  # noqa: E402
 
 from engine.artifacts.model_dir import load_artifacts

@@ -3,12 +3,13 @@ own test under tests/integration): the report's structure and values, the budget
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from plumbing.compute_threads import passive_compute_threads
+
+passive_compute_threads()
 
 SERVICE_FREE = "environment,parity,decode,prefill,kv"
 

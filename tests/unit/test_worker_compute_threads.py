@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from ledgerlm.cli.worker_cmd import passive_compute_threads
+from plumbing.compute_threads import passive_compute_threads, wait_policy_env
 
 
 def test_the_worker_asks_for_sleeping_compute_threads_when_no_policy_is_set(monkeypatch):
@@ -17,7 +17,9 @@ def test_the_worker_asks_for_sleeping_compute_threads_when_no_policy_is_set(monk
 def test_an_operators_policy_is_kept(monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     passive_compute_threads()
-    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE" and wait_policy_env() == {"OMP_WAIT_POLICY": "ACTIVE"}
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    assert wait_policy_env() == {"OMP_WAIT_POLICY": "PASSIVE"}  # the roles a bench starts sleep theirs
 
 
 def test_the_worker_command_has_not_imported_torch_before_it_sets_the_policy():

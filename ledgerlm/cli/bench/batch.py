@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 from pathlib import Path
 
 from ledgerlm.cli.bench.capacity import MODEL, pulled_model
 from ledgerlm.cli.errors import CliError
+from plumbing.compute_threads import passive_compute_threads
 from plumbing.settings import Settings
 
 
@@ -27,7 +27,7 @@ def register_batch(bench: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see `bench engine`
+    passive_compute_threads()  # before torch loads, inherited by the roles
     from bench.batch import BatchConfig, run_batch_bench
 
     if args.count < 1 or args.output_tokens < 1 or args.interactive < 0 or args.timeout_s <= 0:

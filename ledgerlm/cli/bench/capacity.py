@@ -4,10 +4,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 from pathlib import Path
 
 from ledgerlm.cli.errors import CliError
+from plumbing.compute_threads import passive_compute_threads
 from plumbing.settings import Settings
 
 MODEL = "smollm2-135m-instruct"
@@ -33,7 +33,7 @@ def register_capacity(bench: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see `bench engine`
+    passive_compute_threads()  # before torch loads, inherited by the roles
     from bench.capacity.run import configure, run_capacity_bench
 
     try:

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
 from ledgerlm.cli.errors import CliError
+from plumbing.compute_threads import passive_compute_threads
 from plumbing.settings import Settings
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "smollm2-135m-instruct.json"
@@ -50,7 +50,7 @@ def config_of(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see `bench engine`
+    passive_compute_threads()  # before torch loads, inherited by the roles
     from bench.device.run import run_device_bench
 
     config = config_of(args)

@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 from pathlib import Path
 
 from ledgerlm.cli.bench.capacity import MODEL, pulled_model
 from ledgerlm.cli.errors import CliError
+from plumbing.compute_threads import passive_compute_threads
 from plumbing.settings import Settings
 
 
@@ -50,7 +50,7 @@ def config_of(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see `bench engine`
+    passive_compute_threads()  # before torch loads, inherited by the roles
     from bench.efficiency.page import efficiency_page
     from bench.efficiency.run import run_efficiency_bench
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from ledgerlm.cli.errors import CliError
+from plumbing.compute_threads import passive_compute_threads
 
 
 def register_engine(bench: argparse._SubParsersAction) -> None:
@@ -32,7 +32,7 @@ def run_engine_bench(args: argparse.Namespace) -> int:
     # Must precede the first torch import. With the default (spinning) wait
     # policy, 2 OpenMP threads on a 2-core machine shared with other processes
     # ran the quick engine run 4x slower (21.7 s vs 5.2 s) than with PASSIVE.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    passive_compute_threads()  # before torch loads, inherited by the roles
     from bench.engine.run import run_bench
 
     contenders = tuple(c.strip() for c in args.contenders.split(",") if c.strip())

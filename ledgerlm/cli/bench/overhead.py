@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
 from ledgerlm.cli.errors import CliError
+from plumbing.compute_threads import passive_compute_threads
 from plumbing.settings import Settings
 
 MODELS = ("demo-tiny", "demo-small", "smollm2-135m-instruct")
@@ -71,7 +71,7 @@ def served_model(settings: Settings, spec: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch, and inherited by the roles: see `bench engine`
+    passive_compute_threads()  # before torch loads, inherited by the roles
     from bench.overhead.run import run_overhead_bench
 
     settings = Settings()

@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 from pathlib import Path
 
+from plumbing.compute_threads import passive_compute_threads
 from plumbing.settings import Settings
 
 MODEL_SIZE = "mini"  # 4.9M parameters, an 8,192-token context: long documents are 4,000 + 600 tokens
@@ -24,7 +24,7 @@ def register_serve(bench: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see `bench engine`
+    passive_compute_threads()  # before torch loads, inherited by the roles
     from bench.serve.run import run_serve_bench
     from engine.artifacts.demo_model import build_demo_model
 
