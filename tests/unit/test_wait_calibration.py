@@ -220,3 +220,24 @@ def test_the_engine_thread_splits_a_steps_cost_into_a_decode_step_and_a_prefill_
     assert (thread.decode_step_s, thread.prefill_token_s) == (0.1, 0.002)
     thread._measure_cost(0, 0.2)  # a bigger batch: the decode step grows, smoothed
     assert abs(thread.decode_step_s - 0.12) < 1e-12 and thread.prefill_token_s == 0.002
+
+
+def test_a_prompt_mostly_from_the_prefix_cache_does_not_reprice_every_prefill_token():
+    """A step that prefills 14 tokens (144 of 158 cached) costs 50 ms beyond the decodes, 3.6 ms a token: it
+    must not move the price of a full step the way a whole prompt's step does."""
+    from types import SimpleNamespace
+
+    from consumers.worker.engine_thread import EngineThread
+
+    thread = EngineThread(SimpleNamespace(stats=lambda: None), print, print, {})
+    thread._measure_cost(0, 0.1)  # noqa: SLF001
+    for _ in range(4):
+        thread._measure_cost(158, 0.1 + 158 * 0.002)  # noqa: SLF001 (whole prompts: 2 ms a token)
+    thread._measure_cost(14, 0.15)  # noqa: SLF001 (one cached prompt)
+    assert 0.002 < thread.prefill_token_s < 0.0021  # per step, 3.6 ms would weigh a fifth: 2.3 ms
+    for _ in range(10):
+        thread._measure_cost(14, 0.15)  # noqa: SLF001
+    assert thread.prefill_token_s < 0.0026  # ten of them, 140 tokens, still less than a third of the way
+    for _ in range(200):
+        thread._measure_cost(14, 0.15)  # noqa: SLF001
+    assert 0.0033 < thread.prefill_token_s < 0.05 / 14  # only cached prompts for a long while: their price
