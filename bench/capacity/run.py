@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bench.capacity.client import MIXES, Mix, closed_loop
 from bench.capacity.metrics import DEFINITIONS, client_summary, ratios, saturation, working_set
-from bench.capacity.prompts import ChatPrompt, chat_prompts
+from bench.capacity.prompts import ChatPrompt, chat_prompts, render_ids
 from bench.capacity.refusals import refusal_terms
 from bench.capacity.targets import TARGETS, check_targets
 from bench.capacity.worker import WorkerScraper, heartbeat_summary, scrape_summary
@@ -93,6 +93,20 @@ class Prompts:
     def as_long_as(self, levels: list[dict]) -> "Prompts":
         """Prompts for the engine alone as long as guidellm's requests were on the platform, level by level."""
         return Prompts(self.model_dir, self.config, rendered_lengths(levels))
+
+    def replaying(self, levels: list[dict]) -> "Prompts":
+        """The engine alone's prompts for guidellm's levels: the prompts guidellm sent at each level, in order,
+        rendered with the model's chat template (where a level's report is gone: as long as they were)."""
+        from bench.capacity.guidellm import sent_prompts
+
+        shaped = self.as_long_as(levels)
+        for level in levels:
+            report = Path(level.get("report") or "")
+            sent = sent_prompts(json.loads(report.read_text())) if report.is_file() else []
+            if sent:
+                shaped.made[("a", level["concurrency"])] = [
+                    ChatPrompt(messages, tuple(render_ids(self.tokenizer, list(messages)))) for messages in sent]
+        return shaped
 
 
 def rendered_lengths(levels: list[dict]) -> dict[int, int]:
@@ -257,7 +271,7 @@ async def run_capacity_bench(model_dir: Path, config: CapacityConfig, workdir: P
         engine_prompts, mixes = prompts, MIXES
         if config.client == "guidellm":
             levels = runs.get("ledgerlm", {}).get("a", {}).get("levels", [])
-            engine_prompts, mixes = prompts.as_long_as(levels), GUIDELLM_MIXES
+            engine_prompts, mixes = prompts.replaying(levels), GUIDELLM_MIXES
         try:
             runs["engine"] = await asyncio.to_thread(run_engine, model_dir, engine_prompts, config, at, mixes)
         except Exception as exc:  # the servers' numbers are kept, with the reason the engine has none
@@ -307,9 +321,10 @@ def assemble(config: CapacityConfig, model_dir: Path, runs: dict, unavailable: d
                        "levels": config.engine_levels,
                        "note": "at ledgerlm's saturation level per mix only" if config.engine_levels == "saturation"
                                else "at every level",
-                       **({"requests": "guidellm's shape: prompts as long as its requests rendered on the platform "
-                                       "at the same level (prompt_tokens_per_request), sampled at temperature 1.0 "
-                                       "as the platform samples them (guidellm names no temperature)"}
+                       **({"requests": "guidellm's own: the prompts it sent at the same level, in its order (so "
+                                       "the same prefix-cache hits), rendered with the model's chat template, "
+                                       "sampled at temperature 1.0 as the platform samples them (guidellm names "
+                                       "no temperature)"}
                           if config.client == "guidellm" else {})}},
         "servers": runs, "unavailable": unavailable,
         "saturation": {server: {mix: run["saturation"] for mix, run in by_mix.items()}

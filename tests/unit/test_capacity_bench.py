@@ -416,3 +416,20 @@ def test_the_engine_alone_gets_guidellm_shaped_requests_in_a_guidellm_sweep():
     engine = FakeEngine()
     ClosedLoop(engine, [PROMPT], GUIDELLM_MIXES["a"], 2, clock=engine.clock).run(duration_s=1.0, drain_s=1.0)
     assert engine.params and {(p.temperature, p.max_tokens, p.ignore_eos) for p in engine.params} == {(1.0, 64, True)}
+
+
+def test_the_engine_alone_replays_the_prompts_guidellm_sent_in_its_order():
+    from bench.capacity.guidellm import sent_prompts
+
+    def request(start: float, text, role: str = "user") -> dict:
+        body = {"model": "m@1", "stream": True, "messages": [{"role": role, "content": text}]}
+        return {"request_args": json.dumps({"method": None, "body": body}), "info": {"timings": {"request_start": start}}}
+
+    report = {"benchmarks": [{"requests": {
+        "successful": [request(3.0, [{"type": "text", "text": "third"}]), request(1.0, [{"type": "text", "text": "fi"},
+                                                                                       {"type": "text", "text": "rst"}])],
+        "incomplete": [request(4.0, "fourth, as a plain string")],
+        "errored": [request(2.0, [{"type": "text", "text": "second, refused"}]), {"request_id": "no args kept"}]}}]}
+    assert [m[0]["content"] for m in sent_prompts(report)] == ["first", "second, refused", "third",
+                                                              "fourth, as a plain string"]
+    assert sent_prompts(report)[0] == ({"role": "user", "content": "first"},)
