@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 from schemas.registry_events import WorkerHeartbeat
 
@@ -99,6 +100,15 @@ class WaitTerms:
                 f"s, + measured error {self.ttft_s - self.model_ttft_s:+.2f} s")
 
 
+class Prediction(NamedTuple):
+    """The queue model's prediction for one attempt on one worker (`WorkerRegistry.predicted_wait_s`)."""
+
+    wait_s: float  # until its prefill could start
+    ttft_s: float  # until its first token
+    waits_for_kv: bool
+    ahead_tokens: int  # prompt tokens still ahead of it
+
+
 @dataclass(frozen=True)
 class Pending:
     """A dispatch the worker's heartbeats do not count yet: the KV tokens it will reserve, the prompt it adds
@@ -145,13 +155,6 @@ class WorkerView:
         gets no more until some end, so no worker piles up thousands it cannot start soon."""
         bound = self.heartbeat.max_attempts
         return bound is not None and self.heartbeat.running + len(self.pending) >= bound
-
-    def queued_tokens_ahead(self, batch: bool) -> int:
-        """Prompt tokens an attempt of this tier waits behind on the worker: its heartbeat's, and those dispatched
-        since; for interactive work, only the interactive ones."""
-        hb = self.heartbeat
-        queued = hb.queued_tokens if batch else hb.queued_tokens - hb.batch_queued_tokens
-        return queued + sum(p.prompt_tokens for p in self.pending.values() if batch or not p.batch)
 
 
 class WorkerRegistry:
@@ -218,9 +221,9 @@ class WorkerRegistry:
         return view.heartbeat.within_lease(now, self.read_through)
 
     def predicted_wait_s(self, view: WorkerView, demand: Demand, decode_tokens_per_s: float,
-                         now: float) -> tuple[float, float, bool]:
-        """(seconds until this attempt's prefill could start, seconds until its first token, whether it waits
-        for KV) from the heartbeat, as of `now`.
+                         now: float) -> Prediction:
+        """Seconds until this attempt's prefill could start and until its first token, whether it waits for
+        KV, and the prompt tokens ahead of it, from the heartbeat, as of `now`.
 
         Chunked prefill serves the prompts queued ahead (`ahead_tokens`: drained since they were counted) and
         then this one, up to the per-step token budget at a time. Its prefill starts in the step where the
@@ -241,15 +244,16 @@ class WorkerRegistry:
         first_s = hb.step_ms / 2000 if hb.step_ms and (hb.running or view.pending) else 0.0
         first_s += deficit / rate
         full_step_s = self.full_step_s(hb)
-        ahead = self.ahead_tokens(view, demand, now, self.prefill_rate(hb, rate))
         if full_step_s is None:
+            ahead = self.ahead_tokens(view, demand, now, rate)
             wait_s = ahead / rate
-            return first_s + wait_s, first_s + wait_s + demand.prompt_tokens / rate, deficit > 0
+            return Prediction(first_s + wait_s, first_s + wait_s + demand.prompt_tokens / rate, deficit > 0, ahead)
         budget = hb.max_batched_tokens
+        ahead = self.ahead_tokens(view, demand, now, budget / full_step_s)  # the budget per whole step
         through = ahead + demand.prompt_tokens
         whole = max(0, -(-through // budget) - 1)
         ttft_s = whole * full_step_s + self.step_s(hb, through - whole * budget)
-        return first_s + ahead // budget * full_step_s, first_s + ttft_s, deficit > 0
+        return Prediction(first_s + ahead // budget * full_step_s, first_s + ttft_s, deficit > 0, ahead)
 
     @staticmethod
     def full_step_s(hb: WorkerHeartbeat) -> float | None:
@@ -266,13 +270,6 @@ class WorkerRegistry:
         if hb.decode_step_ms and hb.prefill_token_ms:
             return (hb.decode_step_ms + prefill_tokens * hb.prefill_token_ms) / 1000
         return hb.prefill_step_ms / 1000 if hb.prefill_step_ms else None
-
-    @classmethod
-    def prefill_rate(cls, hb: WorkerHeartbeat, rate: float) -> float:
-        """Prompt tokens a second the worker prefills while it has prompts queued: the budget per whole step
-        (where not measured, `rate`)."""
-        full_step_s = cls.full_step_s(hb)
-        return hb.max_batched_tokens / full_step_s if full_step_s else rate
 
     @staticmethod
     def ahead_tokens(view: WorkerView, demand: Demand, now: float, prefill_per_s: float) -> int:
@@ -321,7 +318,7 @@ class WorkerRegistry:
         """
         best: WorkerChoice | None = None
         for worker_id, view in self.candidates(model_version, demand, now, exclude):
-            model_s, model_ttft_s, waits = self.predicted_wait_s(view, demand, decode_tokens_per_s, now)
+            model_s, model_ttft_s, waits, _ = self.predicted_wait_s(view, demand, decode_tokens_per_s, now)
             queue_s = self.calibrated(view, demand, model_s)
             ttft_s = self.calibrated(view, demand, model_ttft_s, ttft=True)
             if (queue_s if demand.batch else ttft_s) > allowance_s or (waits and not may_wait):
@@ -337,10 +334,8 @@ class WorkerRegistry:
         terms it is made of."""
         best: WaitTerms | None = None
         for worker_id, view in self.candidates(model_version, demand, now, frozenset()):
-            model_s, model_ttft_s, _ = self.predicted_wait_s(view, demand, decode_tokens_per_s, now)
-            prefill_per_s = self.prefill_rate(view.heartbeat, view.heartbeat.tokens_per_s or decode_tokens_per_s)
-            terms = WaitTerms(worker_id, self.calibrated(view, demand, model_s), model_s,
-                              self.ahead_tokens(view, demand, now, prefill_per_s), len(view.pending),
+            model_s, model_ttft_s, _, ahead = self.predicted_wait_s(view, demand, decode_tokens_per_s, now)
+            terms = WaitTerms(worker_id, self.calibrated(view, demand, model_s), model_s, ahead, len(view.pending),
                               self.calibrated(view, demand, model_ttft_s, ttft=True), model_ttft_s)
             if best is None or terms.ttft_s < best.ttft_s:
                 best = terms
