@@ -145,19 +145,16 @@ def error_class(request: dict) -> str:
 
 def sent_prompts(report: dict) -> list[tuple[dict, ...]]:
     """The chat messages guidellm sent in its one benchmark, in the order it sent them (completed, cut and
-    refused alike), each message's content parts joined into its text: what the engine alone replays, prompt
-    for prompt, so that it gets the same prefix-cache hits (guidellm's synthetic data repeats its prompts from
-    one level to the next: 144 of their 158 tokens were cached at 2 streams and beyond)."""
+    refused alike), as the gateway reads them (`ChatMessage.native`: content parts joined into text): what the
+    engine alone replays, prompt for prompt, so that it gets the same prefix-cache hits (guidellm's synthetic
+    data repeats its prompts from one level to the next: 144 of their 158 tokens were cached at 2 streams and
+    beyond)."""
+    from producers.gateway.openai.requests import ChatMessage
+
     requests = report["benchmarks"][-1].get("requests", {})
     sent = [r for kind in ("successful", "incomplete", "errored") for r in requests.get(kind) or []
             if r.get("request_args")]
     sent.sort(key=lambda r: (r.get("info") or {}).get("timings", {}).get("request_start") or 0.0)
-    return [tuple({"role": m["role"], "content": text_of(m["content"])}
-                  for m in json.loads(r["request_args"])["body"]["messages"]) for r in sent]
-
-
-def text_of(content) -> str:
-    """A message's content as text: a string, or the text of its parts (guidellm sends a list of one)."""
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
+    messages = ([ChatMessage.model_validate(m).native() for m in json.loads(r["request_args"])["body"]["messages"]]
+                for r in sent)
+    return [tuple({"role": m.role, "content": m.content} for m in sent_messages) for sent_messages in messages]

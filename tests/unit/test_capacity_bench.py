@@ -426,10 +426,11 @@ def test_the_engine_alone_replays_the_prompts_guidellm_sent_in_its_order():
         return {"request_args": json.dumps({"method": None, "body": body}), "info": {"timings": {"request_start": start}}}
 
     report = {"benchmarks": [{"requests": {
-        "successful": [request(3.0, [{"type": "text", "text": "third"}]), request(1.0, [{"type": "text", "text": "fi"},
-                                                                                       {"type": "text", "text": "rst"}])],
+        "successful": [request(3.0, [{"type": "text", "text": "third"}]), request(1.0, [{"type": "text", "text": "first"},
+                                                                                       {"type": "text", "text": "part"}])],
         "incomplete": [request(4.0, "fourth, as a plain string")],
         "errored": [request(2.0, [{"type": "text", "text": "second, refused"}]), {"request_id": "no args kept"}]}}]}
-    assert [m[0]["content"] for m in sent_prompts(report)] == ["first", "second, refused", "third",
+    # content parts joined as the gateway joins them (`ChatMessage.native`), so the replay renders what it rendered
+    assert [m[0]["content"] for m in sent_prompts(report)] == ["first\npart", "second, refused", "third",
                                                               "fourth, as a plain string"]
-    assert sent_prompts(report)[0] == ({"role": "user", "content": "first"},)
+    assert sent_prompts(report)[0] == ({"role": "user", "content": "first\npart"},)
