@@ -274,7 +274,7 @@ async def start_worker(bootstrap, cp_kafka, cp_settings, versions, engine_artifa
 
 
 @pytest.fixture(scope="session")
-async def worker(start_worker, controller, cp_settings):
+async def worker(start_worker, controller, cp_settings, gateway, versions):
     control = await controller.metrics_url()
     live_before = value(await scrape(control), "ledgerlm:workers_live")
     worker = await start_worker("served")
@@ -287,6 +287,12 @@ async def worker(start_worker, controller, cp_settings):
                      accept=lambda samples: value(samples, "ledgerlm:workers_live") >= live_before + 1,
                      what=lambda samples: f"the controller to count the worker live (workers_live "
                                           f"{value(samples, 'ledgerlm:workers_live')}, before {live_before})")
+    # and the gateway has read them too: until then it answers 503 at once, its early refusal (a first request
+    # got "no live worker serves ..." on a loaded machine); this is the very check it makes
+    served, routes = versions["served"], gateway.gateway
+    await wait_until(lambda: routes.board.could_serve(routes.catalog.versions_of(served), 1, time.time(),
+                                                      routes.workers_follower.read_through()), 60, step_s=0.1,
+                     what="the gateway's board to count the worker live")
     return worker
 
 
