@@ -20,6 +20,10 @@ class EngineConfig:
       None sizes it from the machine with `memory` (see `engine.kv_sizing`).
     * `max_num_batched_tokens` is the per-step token budget (decode tokens plus
       prefill chunk tokens); `max_num_seqs` caps sequences in one step.
+    * `batch_step_tokens`: while any interactive sequence is running or waiting,
+      batch sequences get at most this many of a step's tokens (their decodes
+      first; a running decode is never held back), so a step beside a batch
+      backlog stays short enough for the interactive first tokens and gaps.
     * `reservation="optimistic"` allocates blocks as tokens arrive and preempts
       by recompute when the pool runs dry; `"full"` reserves prompt + max
       output tokens at admission and never preempts.
@@ -43,6 +47,7 @@ class EngineConfig:
     block_size: int = 16
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
+    batch_step_tokens: int = 128
     max_model_len: int | None = None
     reservation: Reservation = "optimistic"
     enable_prefix_cache: bool = True
@@ -59,6 +64,8 @@ class EngineConfig:
             raise ValueError("block_size must be positive")
         if self.max_num_batched_tokens <= 0 or self.max_num_seqs <= 0:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
+        if self.batch_step_tokens < 0:
+            raise ValueError("batch_step_tokens must not be negative")
         if self.reservation not in ("optimistic", "full"):
             raise ValueError(f"unknown reservation policy {self.reservation!r}")
         if self.attention not in ("auto", "gather", "flex"):

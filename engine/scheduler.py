@@ -9,6 +9,11 @@ Order of one step (token budget `max_num_batched_tokens`, `max_num_seqs`):
    the tenant with the fewest tokens served per unit weight goes next,
    among tenants whose next sequence is interactive while any is.
 
+While any interactive sequence is running or waiting, batch sequences share
+at most `batch_step_tokens` of the step (their running decodes first, and
+never held back): a backlog of batch prompts would otherwise fill every step
+to the budget and make each interactive first token and gap wait a long step.
+
 When a running sequence cannot get a block, the least important running
 sequence (batch before interactive, then lowest weight, then newest) is
 preempted by recompute: its blocks are freed and it re-enters the front of
@@ -110,6 +115,7 @@ class Scheduler:
         expired = self._expire(now)
         preempted: list[str] = []
         budget = self.config.max_num_batched_tokens
+        batch_budget = self.config.batch_step_tokens if self._interactive_present() else budget
         planned: Planned = {}
 
         self.running.sort(key=Sequence.priority_key)
@@ -121,21 +127,28 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = min(seq.num_uncomputed_tokens, budget)
+            if seq.request.batch and n > 1:
+                n = min(n, batch_budget)
+                if n <= 0:
+                    continue
             while self.blocks.allocate(seq, n) is None:
                 victim = self.running[-1]
-                budget += self._preempt(victim, planned)
+                returned = self._preempt(victim, planned)
+                budget += returned
+                batch_budget += returned if victim.request.batch else 0
                 preempted.append(victim.request_id)
                 if victim is seq:
                     break
             if seq.status is SequenceStatus.RUNNING:
                 planned[seq.request_id] = (seq, self._chunk(seq, seq.num_computed_tokens, n))
                 budget -= n
+                batch_budget -= n if seq.request.batch else 0
 
         # Running chunks are charged only now: a chunk can still be withdrawn
         # by a later preemption in the loop above.
         for seq, chunk in planned.values():
             self._charge(seq, chunk)
-        self._admit(budget, planned, now)
+        self._admit(budget, batch_budget, planned, now)
         chunks = [chunk for _, chunk in planned.values()]
         return SchedulerOutput(decodes=tuple(c for c in chunks if c.num_tokens == 1),
                                prefills=tuple(c for c in chunks if c.num_tokens > 1),
@@ -180,7 +193,7 @@ class Scheduler:
     def _chunk(self, seq: Sequence, start: int, n: int) -> ScheduledChunk:
         return ScheduledChunk(seq.request_id, start, n, samples=start + n == seq.num_tokens)
 
-    def _admit(self, budget: int, planned: Planned, now: float) -> None:
+    def _admit(self, budget: int, batch_budget: int, planned: Planned, now: float) -> None:
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
             tenant = self._next_tenant()
             if tenant is None:
@@ -189,7 +202,9 @@ class Scheduler:
             hits = [] if seq.needs_prompt_logprobs else self.blocks.find_cached_prefix(seq)
             num_hit_tokens = len(hits) * self.blocks.block_size
             remaining = seq.num_tokens - num_hit_tokens
-            n = min(remaining, budget)
+            n = min(remaining, budget, batch_budget if seq.request.batch else budget)
+            if n <= 0:
+                return  # batch work's share of the step is spent (only batch heads are left)
             if self.config.reservation == "full":
                 total = min(seq.num_prompt_tokens + seq.request.params.max_tokens, self.max_model_len)
                 reserve = total - num_hit_tokens
@@ -214,6 +229,11 @@ class Scheduler:
             # this same loop already sees this tenant's new share.
             self._charge(seq, chunk)
             budget -= n
+            batch_budget -= n if seq.request.batch else 0
+
+    def _interactive_present(self) -> bool:
+        return any(not s.request.batch for s in self.running) or \
+            any(not s.request.batch for queue in self.waiting.values() for s in queue)
 
     def _next_tenant(self) -> str | None:
         heads = {tenant: queue[0] for tenant, queue in self.waiting.items() if queue}

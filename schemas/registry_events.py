@@ -59,6 +59,10 @@ class WorkerHeartbeat(Envelope):
     # The batch tier's part of `queued_tokens`: the engine admits interactive prompts first, so an interactive
     # attempt waits only for the interactive prompts queued ahead of it.
     batch_queued_tokens: int = added(0, ge=0)
+    # While interactive work is on the engine, batch prompts get at most this many tokens of each step
+    # (EngineConfig.batch_step_tokens): the step an interactive prompt lands in carries them too. None: a worker
+    # from before the share.
+    batch_step_tokens: int | None = added(None, ge=0)
     # Median of (observed - predicted by the queue model) waits of recent interactive attempts, in ms: the
     # controller adds it to its prediction for this worker (consumers/worker/calibration.py). None: none recent.
     wait_error_ms: float | None = added(None)

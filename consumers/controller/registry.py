@@ -229,7 +229,8 @@ class WorkerRegistry:
         then this one, up to the per-step token budget at a time. Its prefill starts in the step where the
         queue ahead ends, so it waits floor(ahead / budget) whole steps; its first token comes with the step
         that takes the prompt's last token, after ceil((ahead + prompt) / budget) - 1 whole steps, and that
-        last step carries the rest of the queue's tokens as well as its own. (Counting only its own prompt in
+        last step carries the rest of the queue's tokens as well as its own and, for interactive work, the batch
+        prompts' share of a step (`batch_step_tokens`) while any are queued. (Counting only its own prompt in
         that step made a burst's promise up to a whole step short: the 4th of 8 prompts of 158 tokens, with
         474 tokens ahead, was promised 0.4 s and waited 1.5 s.) A whole step costs a decode step at the batch
         running now plus the budget's tokens at the measured cost of a prefill token (`full_step_s`). What is
@@ -252,7 +253,8 @@ class WorkerRegistry:
         ahead = self.ahead_tokens(view, demand, now, budget / full_step_s)  # the budget per whole step
         through = ahead + demand.prompt_tokens
         whole = max(0, -(-through // budget) - 1)
-        ttft_s = whole * full_step_s + self.step_s(hb, through - whole * budget)
+        beside = 0 if demand.batch else min(hb.batch_queued_tokens, hb.batch_step_tokens or 0)
+        ttft_s = whole * full_step_s + self.step_s(hb, min(budget, through - whole * budget + beside))
         return Prediction(first_s + ahead // budget * full_step_s, first_s + ttft_s, deficit > 0, ahead)
 
     @staticmethod

@@ -123,6 +123,7 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
                                decode_step_ms=milliseconds(thread and thread.decode_step_s),
                                prefill_token_ms=milliseconds(thread and thread.prefill_token_s),
                                max_batched_tokens=self.engine.config.max_num_batched_tokens,
+                               batch_step_tokens=self.engine.config.batch_step_tokens,
                                incarnation=self.incarnation, attempts=self.held(),
                                dispatch_read_through=self.read_through_at(),
                                wait_error_ms=self.waits.error_ms(time.monotonic()),

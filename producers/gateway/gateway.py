@@ -61,6 +61,8 @@ class Gateway:
         def on_worker(_topic, event) -> None:
             if isinstance(event, WorkerHeartbeat):
                 board.observe(event)
+                if event.alive:
+                    catalog.warm(event.model_versions)
 
         db = GatewayDatabase(database_url, settings.gateway_db_pool_size, settings.gateway_db_timeout_s,
                              settings.retry_after_ms)

@@ -10,6 +10,7 @@ from engine.config import EngineConfig
 from engine.errors import EngineError
 from engine.kv_sizing import MemoryPolicy, check_holds_one_request, cpu_pool_bytes, gpu_pool_bytes
 from engine.scheduler import Scheduler
+from engine.sequence import Sequence
 from engine_factories import make_request, make_running, run_engine, tokens_of
 from plumbing.settings import parse_bytes
 
@@ -39,6 +40,46 @@ def test_waiting_interactive_work_is_admitted_before_batch_work(make_engine):
     assert [o.request_id for o in first] == ["chat"]
     outputs = run_engine(engine)
     assert len(tokens_of(outputs["batch"])) == 2
+
+
+def step_tokens(out) -> dict[str, int]:
+    return {c.request_id: c.num_tokens for c in out.chunks}
+
+
+def batch_backlog(sched: Scheduler, count: int, prompt_tokens: int) -> None:
+    for i in range(count):
+        sched.add(Sequence.from_request(replace(make_request(f"b{i}", [7 + i] * prompt_tokens, tenant="docs"),
+                                                batch=True), i, 1.0))
+
+
+def test_beside_interactive_work_a_batch_backlog_gets_only_its_share_of_a_step():
+    sched = Scheduler(EngineConfig(max_num_batched_tokens=512, batch_step_tokens=96, max_num_seqs=64),
+                      BlockManager(num_blocks=512, block_size=16), max_model_len=1024)
+    batch_backlog(sched, 20, 40)
+    sched.add(Sequence.from_request(make_request("chat", [3] * 130, tenant="chat"), 100, 1.0))
+    planned = step_tokens(sched.schedule(now=0.0))
+    assert planned["chat"] == 130  # the whole prompt in one step, ahead of the backlog
+    assert sum(n for rid, n in planned.items() if rid != "chat") == 96  # two prompts and a chunk of a third
+    assert planned["b2"] == 16
+
+    alone = Scheduler(EngineConfig(max_num_batched_tokens=512, batch_step_tokens=96, max_num_seqs=64),
+                      BlockManager(num_blocks=512, block_size=16), max_model_len=1024)
+    batch_backlog(alone, 20, 40)
+    assert sum(step_tokens(alone.schedule(now=0.0)).values()) == 512  # no interactive work: the whole budget
+
+
+def test_running_batch_decodes_are_never_held_back_by_the_batch_share():
+    bm = BlockManager(num_blocks=64, block_size=4)
+    sched = Scheduler(EngineConfig(max_num_batched_tokens=64, batch_step_tokens=2, max_num_seqs=8), bm,
+                      max_model_len=64)
+    for i in range(4):
+        make_running(sched, bm, f"b{i}", 1.0, arrival=i, batch=True)
+    make_running(sched, bm, "chat", 1.0, arrival=9)
+    batch_backlog(sched, 2, 8)
+    out = sched.schedule(now=0.0)
+    assert sorted(c.request_id for c in out.decodes) == ["b0", "b1", "b2", "b3", "chat"]
+    assert out.prefills == ()  # the 4 decodes spent the share of 2: no waiting batch prompt starts
+    bm.check_invariants()
 
 
 def test_preempted_sequence_resumes_without_repeats_and_counts_recompute(make_engine):

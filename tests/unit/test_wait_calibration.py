@@ -180,6 +180,23 @@ def test_a_prompt_that_spills_into_the_next_step_waits_for_that_whole_step():
     assert sixth.choose("m@1", Demand(158, 64), 2.0, 200.0, NOW.timestamp()) is None
 
 
+def test_an_interactive_first_token_step_carries_the_batch_share_while_batch_prompts_are_queued():
+    """Beside a batch backlog the engine gives batch prompts up to `batch_step_tokens` of every step, so the
+    step an interactive prompt lands in computes those too; a batch attempt is not promised a TTFT."""
+    registry = WorkerRegistry()
+    registry.observe(heartbeat(queued_tokens=2000, batch_queued_tokens=2000, batch_step_tokens=128,
+                               max_batched_tokens=512, decode_step_ms=100.0, prefill_token_ms=1.0, running=64,
+                               step_ms=200.0))
+    choice = registry.choose("m@1", Demand(130, 64), 5.0, 200.0, NOW.timestamp())
+    assert choice.model_queue_s == 0.1  # no interactive prompt ahead: half the step in flight
+    assert abs(choice.model_ttft_s - (0.1 + 0.1 + (130 + 128) * 0.001)) < 1e-9
+    few = WorkerRegistry()
+    few.observe(heartbeat(queued_tokens=40, batch_queued_tokens=40, batch_step_tokens=128, max_batched_tokens=512,
+                          decode_step_ms=100.0, prefill_token_ms=1.0, running=64, step_ms=200.0))
+    assert abs(few.choose("m@1", Demand(130, 64), 5.0, 200.0, NOW.timestamp()).model_ttft_s
+               - (0.1 + 0.1 + 170 * 0.001)) < 1e-9
+
+
 def test_dispatches_since_the_heartbeat_drain_at_the_prefill_rate():
     """A prompt dispatched a while ago has been prefilled meanwhile: at 8 guidellm streams, 4 dispatches of
     158 tokens within the last second counted 632 tokens ahead and refused the next request."""
