@@ -133,9 +133,13 @@ class Settings(BaseSettings):
     worker_free_block_watermark: float = Field(default=0.01, ge=0, lt=1, description="share of the pool kept free "
                                                "when accepting attempts, so running sequences can grow")
     worker_max_num_seqs: int = Field(default=32, ge=1)
+    worker_batch_step_tokens: int = Field(default=128, ge=0, description="while interactive work is on a "
+                                          "worker's engine, batch prompts get at most this many tokens of each "
+                                          "step, so a batch backlog does not lengthen the interactive steps")
     worker_max_attempts: int = Field(default=256, ge=1, description="attempts a worker holds at most (running, "
                                      "ending, waiting for room); beyond it the controller routes elsewhere, "
-                                     "holds batch work, or answers interactive work 503")
+                                     "holds batch work, or answers interactive work 503 (batch work stops "
+                                     "a quarter short of it, leaving room for interactive work)")
     worker_device: str = "auto"
     worker_cpu_threads: int | None = Field(
         default=None, ge=1, description="threads the engine computes with on a CPU device; unset: torch's own "

@@ -25,6 +25,9 @@ PENDING_GRACE_S = 0.5
 # How long a listing is remembered once heartbeats stop naming the attempt: far beyond any lease, so the
 # memory stays bounded by what workers ran recently.
 LISTED_MEMORY_S = 300.0
+# The share of a worker's places (max_attempts) batch work never takes: interactive work finds room beside a
+# batch backlog. A worker's engine runs 32 sequences at a time by default: 192 batch attempts keep it busy.
+INTERACTIVE_ROOM_SHARE = 0.25
 
 
 def as_of(heartbeat: WorkerHeartbeat) -> datetime:
@@ -149,12 +152,17 @@ class WorkerView:
         free = self.heartbeat.free_blocks * self.heartbeat.block_size
         return free - sum(p.tokens for p in self.pending.values())
 
-    @property
-    def full(self) -> bool:
+    def full(self, batch: bool = False) -> bool:
         """The worker holds as many attempts as it takes, counting those dispatched since its heartbeat: it
-        gets no more until some end, so no worker piles up thousands it cannot start soon."""
+        gets no more until some end, so no worker piles up thousands it cannot start soon. Batch work stops
+        short of the bound by `INTERACTIVE_ROOM_SHARE` of it: a burst of 1,000 batch generations otherwise
+        filled all 256 places, and every chat beside it was answered 503 "no ready worker" for 25 s."""
         bound = self.heartbeat.max_attempts
-        return bound is not None and self.heartbeat.running + len(self.pending) >= bound
+        if bound is None:
+            return False
+        if batch:
+            bound -= max(1, int(bound * INTERACTIVE_ROOM_SHARE))
+        return self.heartbeat.running + len(self.pending) >= bound
 
 
 class WorkerRegistry:
@@ -306,7 +314,7 @@ class WorkerRegistry:
             hb = view.heartbeat
             if (worker_id not in exclude and not hb.draining and model_version in hb.model_versions
                     and self.is_live(worker_id, now) and demand.total_tokens <= view.capacity_tokens
-                    and not view.full):
+                    and not view.full(demand.batch)):
                 yield worker_id, view
 
     def choose(self, model_version: str, demand: Demand, allowance_s: float, decode_tokens_per_s: float,

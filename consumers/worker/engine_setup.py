@@ -19,6 +19,7 @@ def engine_config(settings: Settings, checksums=None, weights: dict[str, float] 
                         reservation=settings.worker_reservation,
                         free_block_watermark=settings.worker_free_block_watermark,
                         max_num_seqs=settings.worker_max_num_seqs,
+                        batch_step_tokens=settings.worker_batch_step_tokens,
                         max_model_len=settings.worker_max_model_len, device=settings.worker_device,
                         tenant_weights=weights if weights is not None else {}, expected_checksums=checksums,
                         memory=MemoryPolicy(gpu_fraction=settings.worker_memory_fraction,

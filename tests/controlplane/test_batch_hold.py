@@ -180,15 +180,20 @@ def test_interactive_work_is_predicted_behind_interactive_prompts_only_and_batch
 
 
 def test_a_worker_holding_its_maximum_of_attempts_gets_no_more_until_some_end(world):
+    """Batch work stops a quarter short of the bound, so interactive work still finds a place beside a backlog."""
     decider, registry, state = world
-    registry.observe(heartbeat(free_blocks=64, running=2, max_attempts=3))
+    registry.observe(heartbeat(free_blocks=64, running=2, max_attempts=4))
     first = decider.submit(state, batch("b1"), NOW)
-    second = decider.submit(state, batch("b2"), NOW)  # 2 held + 1 dispatched since the heartbeat: full
+    second = decider.submit(state, batch("b2"), NOW)  # 2 held + 1 dispatched since the heartbeat: 3 of 4
     assert len(first.dispatch) == 1 and not second.dispatch and held_ids(state) == ["b2"]
-    chat = SubmitGeneration(tenant_id="acme", request_id="chat", gateway_id="gw", correlation_id="chat",
-                            model_version=VERSION, input_token_ids=(1, 2, 3, 4), max_output_tokens=12,
-                            payload_hash="ab" * 32, occurred_at=NOW)
-    refused = decider.submit(state, chat, NOW).replies[0]
+
+    def chat(name: str) -> SubmitGeneration:
+        return SubmitGeneration(tenant_id="acme", request_id=name, gateway_id="gw", correlation_id=name,
+                                model_version=VERSION, input_token_ids=(1, 2, 3, 4), max_output_tokens=12,
+                                payload_hash="ab" * 32, occurred_at=NOW)
+
+    assert len(decider.submit(state, chat("c1"), NOW).dispatch) == 1  # the place batch work left
+    refused = decider.submit(state, chat("c2"), NOW).replies[0]  # 4 of 4: full
     assert (refused.http_status, refused.error_code) == (503, "no_capacity")
-    registry.observe(heartbeat(free_blocks=64, running=1, max_attempts=3, at=NOW + timedelta(seconds=2)))
+    registry.observe(heartbeat(free_blocks=64, running=1, max_attempts=4, at=NOW + timedelta(seconds=2)))
     assert len(decider.dispatch_held(state, NOW + timedelta(seconds=2)).dispatch) == 1
