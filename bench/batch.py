@@ -129,6 +129,25 @@ def busy_share(samples: list[dict]) -> float | None:
     return round(sum(1 for s in busy if s["running"] > 0) / len(busy), 3)
 
 
+def timeline(samples: list[dict], every_s: float = 5.0) -> list[dict]:
+    """One heartbeat every `every_s` from the burst's start: what the worker ran and the step it measured (the
+    controller's prediction reads the same fields)."""
+    kept, next_t = [], 0.0
+    for s in samples:
+        if s["t"] >= next_t:
+            kept.append({k: (round(v, 1) if isinstance(v, float) else v) for k, v in s.items()
+                         if k in ("t", "running", "queued_tokens", "step_ms", "decode_step_ms", "prefill_token_ms",
+                                  "ttft_error_ms")})
+            next_t = s["t"] + every_s
+    return kept
+
+
+def chat_ttfts(records) -> list[list[float]]:
+    """[sent at, TTFT] in seconds of every completed chat, in order of sending: where in the burst they waited."""
+    return [[round(r.sent_at, 2), round(r.ttft, 3)] for r in sorted(records, key=lambda r: r.sent_at)
+            if r.ttft is not None and r.error is None and r.status == 200]
+
+
 def self_fenced_lines(worker_log: Path) -> int | None:
     """How often the worker fenced itself (gave up its attempts for want of an acknowledged heartbeat), from its
     log (None: no log)."""
@@ -169,8 +188,11 @@ async def run_batch_bench(model_dir: Path, config: BatchConfig, workdir: Path) -
             ended_s = (outcomes.last_end or time.monotonic()) - began
             interactive = None
             if sweep is not None:
-                _, records = await sweep
+                sweep_t0, records = await sweep
                 interactive = client_summary(records, config.interactive_s)
+                for r in records:  # the sweep's clock starts a moment after the burst's
+                    r.sent_at += sweep_t0 - began
+                interactive["ttft_s_by_sent_at"] = chat_ttfts(records)
             samples = platform.heartbeats.series(began, began + ended_s)
         finally:
             following.cancel()
@@ -192,6 +214,7 @@ async def run_batch_bench(model_dir: Path, config: BatchConfig, workdir: Path) -
         "worker_attempts_max": max((s["running"] for s in samples), default=None),
         "worker_queued_tokens_max": max((s["queued_tokens"] for s in samples), default=None),
         "worker_self_fenced_log_lines": self_fenced_lines(workdir / "worker.log"),
+        "worker_timeline": timeline(samples),
         "interactive": interactive,
     }
     report["targets"] = {

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bench.batch import Outcomes, batch_input, busy_share, self_fenced_lines
+from bench.batch import Outcomes, batch_input, busy_share, chat_ttfts, self_fenced_lines, timeline
 
 
 def outcomes() -> Outcomes:
@@ -45,3 +45,19 @@ def test_self_fencing_is_counted_from_the_worker_log_and_a_missing_log_reads_as_
     log.write_text("worker ready\nself-fenced worker=w1 attempts=3 stopped=3\nheartbeat ok\n"
                    "self-fenced worker=w1 attempts=0 stopped=0\n")
     assert self_fenced_lines(log) == 2
+
+
+def test_the_timeline_keeps_one_heartbeat_per_interval_with_the_step_it_measured():
+    samples = [{"t": t, "running": int(t), "queued_tokens": 0, "step_ms": 100.04, "decode_step_ms": None,
+                "prefill_token_ms": 1.0, "ttft_error_ms": None, "free_blocks": 9} for t in (0.2, 1.0, 5.1, 5.3, 11.0)]
+    assert [(s["t"], s["running"], s["step_ms"]) for s in timeline(samples)] == [(0.2, 0, 100.0), (5.3, 5, 100.0),
+                                                                                 (11.0, 11, 100.0)]
+    assert "free_blocks" not in timeline(samples)[0]
+
+
+def test_chat_ttfts_are_listed_in_sending_order_for_completed_chats_only():
+    def chat(sent, ttft, status=200, error=None):
+        return SimpleNamespace(sent_at=sent, ttft=ttft, status=status, error=error)
+
+    records = [chat(3.0, 0.5), chat(1.0, 4.2), chat(2.0, None, 503), chat(2.5, 0.9, 200, "cut_at_end")]
+    assert chat_ttfts(records) == [[1.0, 4.2], [3.0, 0.5]]
