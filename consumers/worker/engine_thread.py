@@ -104,6 +104,7 @@ class EngineThread:
         # Wall seconds inside step(), and seconds with unfinished work but not inside a step (applying orders,
         # handing outputs over, waiting for the interpreter): how much the worker's other threads cost the engine.
         self.timing = EngineTiming()
+        self.warmed = threading.Event()  # the warm-up has ended (or the thread has died: see `alive`)
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> None:
@@ -143,9 +144,12 @@ class EngineThread:
     def _run(self) -> None:
         try:
             self._warm_up()
+            self.warmed.set()
             self._loop()
         except BaseException as exc:  # whatever it was, the worker learns of it through `alive`
             log.critical("engine thread died error=%s", type(exc).__name__, exc_info=True)
+        finally:
+            self.warmed.set()
 
     def _measure(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds <= 0:

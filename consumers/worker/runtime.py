@@ -30,7 +30,7 @@ from consumers.worker.attempts import Attempt
 from consumers.worker.calibration import WaitCalibration
 from consumers.worker.capacity import KVAccounting
 from consumers.worker.engine_setup import engine_config, load_engine  # noqa: F401 -- callers import them here
-from consumers.worker.engine_thread import EngineThread
+from consumers.worker.engine_thread import EngineStopped, EngineThread
 from consumers.worker.heartbeat_thread import HeartbeatThread
 from consumers.worker.orders import DispatchOrders
 from consumers.worker.waiting import WaitingQueue
@@ -221,6 +221,14 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
         self.consumer.assign([tp])
         await self.consumer.seek_to_end(tp)
         await self.consumer.position(tp)
+        # No heartbeat before the engine's warm-up has ended: work routed to a worker still warming up waits for
+        # it (beside a batch burst, the first chats waited 5.3 s), and the warm-up prices the first heartbeat.
+        await asyncio.to_thread(self._thread.warmed.wait)
+        if not self._thread.alive:
+            await self.http.stop()
+            await self.consumer.stop()
+            await self.producer.stop()
+            raise EngineStopped(f"the engine thread of {self.worker_id} died warming up")
         tasks = [asyncio.create_task(self._pump(), name="worker-pump"),
                  asyncio.create_task(self._read_dispatch(), name="worker-dispatch"),
                  asyncio.create_task(self._upkeep(), name="worker-upkeep")]
