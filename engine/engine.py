@@ -222,6 +222,7 @@ class Engine:
             num_running=len(self.scheduler.running),
             num_waiting=self.scheduler.num_waiting,
             prefix_hit_tokens=self.scheduler.prefix_hit_tokens,
+            started_prompt_tokens=self.scheduler.started_prompt_tokens,
             num_preemptions=self.scheduler.num_preemptions,
             kv_bytes_per_token=self.kv_spec.bytes_per_token,
             num_recomputed_tokens=self.scheduler.num_recomputed_tokens,

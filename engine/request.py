@@ -171,3 +171,4 @@ class EngineStats:
     num_preemptions: int
     kv_bytes_per_token: int
     num_recomputed_tokens: int = 0
+    started_prompt_tokens: int = 0  # prompt tokens of every sequence started: prefix_hit_tokens is a share of it

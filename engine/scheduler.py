@@ -67,6 +67,7 @@ class Scheduler:
         self.vtime: dict[str, float] = {}
         self.num_preemptions = 0
         self.prefix_hit_tokens = 0
+        self.started_prompt_tokens = 0
         self.num_recomputed_tokens = 0
 
     # -- queue management -----------------------------------------------------
@@ -219,6 +220,7 @@ class Scheduler:
                 seq.first_scheduled_at = now
                 seq.num_cached_tokens = num_hit_tokens
                 self.prefix_hit_tokens += num_hit_tokens
+                self.started_prompt_tokens += seq.num_prompt_tokens
             seq.num_served_tokens = max(seq.num_served_tokens, start)
             seq.started = True
             self._move(seq, SequenceStatus.RUNNING)

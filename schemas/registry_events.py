@@ -63,6 +63,9 @@ class WorkerHeartbeat(Envelope):
     # (EngineConfig.batch_step_tokens): the step an interactive prompt lands in carries them too. None: a worker
     # from before the share.
     batch_step_tokens: int | None = added(None, ge=0)
+    # The share of recently started prompts' tokens the worker's prefix cache served (faded by prompt tokens): the
+    # controller counts prompts queued on this worker net of it. None: none started yet (or an older worker).
+    prefix_hit_share: float | None = added(None, ge=0, le=1)
     # Median of (observed - predicted by the queue model) waits of recent interactive attempts, in ms: the
     # controller adds it to its prediction for this worker (consumers/worker/calibration.py). None: none recent.
     wait_error_ms: float | None = added(None)

@@ -63,7 +63,7 @@ class HeartbeatSampler:
                              "running": event.running, "queued_tokens": event.queued_tokens,
                              "decode_step_ms": event.decode_step_ms, "prefill_token_ms": event.prefill_token_ms,
                              "max_batched_tokens": event.max_batched_tokens, "step_ms": event.step_ms,
-                             "ttft_error_ms": event.ttft_error_ms})
+                             "ttft_error_ms": event.ttft_error_ms, "prefix_hit_share": event.prefix_hit_share})
 
     def series(self, t0: float, t1: float) -> list[dict]:
         """Samples within [t0, t1], times relative to t0."""

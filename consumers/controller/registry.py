@@ -256,10 +256,11 @@ class WorkerRegistry:
         if full_step_s is None:
             ahead = self.ahead_tokens(view, demand, now, rate)
             wait_s = ahead / rate
-            return Prediction(first_s + wait_s, first_s + wait_s + demand.prompt_tokens / rate, deficit > 0, ahead)
+            return Prediction(first_s + wait_s, first_s + wait_s + self.computed(hb, demand.prompt_tokens) / rate,
+                              deficit > 0, ahead)
         budget = hb.max_batched_tokens
         ahead = self.ahead_tokens(view, demand, now, budget / full_step_s)  # the budget per whole step
-        through = ahead + demand.prompt_tokens
+        through = ahead + round(self.computed(hb, demand.prompt_tokens))
         whole = max(0, -(-through // budget) - 1)
         beside = 0 if demand.batch else min(hb.batch_queued_tokens, hb.batch_step_tokens or 0)
         ttft_s = whole * full_step_s + self.step_s(hb, min(budget, through - whole * budget + beside))
@@ -283,20 +284,29 @@ class WorkerRegistry:
 
     @staticmethod
     def ahead_tokens(view: WorkerView, demand: Demand, now: float, prefill_per_s: float) -> int:
-        """Prompt tokens still ahead of an attempt of this tier at `now`: the heartbeat's queue (for interactive
-        work, its interactive part) and the prompts dispatched since (each from when it was decided, or the
-        heartbeat if later), drained at `prefill_per_s` while any is queued. (Counting every dispatch since
+        """Prompt tokens still ahead of an attempt of this tier at `now`, net of the prefix cache's share
+        (`computed`): the heartbeat's queue (for interactive work, its interactive part) and the prompts
+        dispatched since (each from when it was decided, or the heartbeat if later), drained at `prefill_per_s`
+        while any is queued. (Counting every dispatch since
         the heartbeat in full, a prompt dispatched 0.9 s before, long in its decodes, still counted as
         queued: at 8 guidellm streams, 4 of them made 632 tokens and the refusals' 1.3 s.)"""
         hb = view.heartbeat
-        queued = float(hb.queued_tokens if demand.batch else hb.queued_tokens - hb.batch_queued_tokens)
+        queued = WorkerRegistry.computed(hb, hb.queued_tokens if demand.batch
+                                         else hb.queued_tokens - hb.batch_queued_tokens)
         at = as_of(hb).timestamp()
-        arrivals = sorted((max(p.at, at), p.prompt_tokens) for p in view.pending.values()
-                          if demand.batch or not p.batch)
+        arrivals = sorted((max(p.at, at), WorkerRegistry.computed(hb, p.prompt_tokens))
+                          for p in view.pending.values() if demand.batch or not p.batch)
         for arrived, tokens in arrivals:
             queued = max(0.0, queued - prefill_per_s * (arrived - at)) + tokens
             at = arrived
         return round(max(0.0, queued - prefill_per_s * max(0.0, now - at)))
+
+    @staticmethod
+    def computed(hb: WorkerHeartbeat, prompt_tokens: int) -> float:
+        """The prompt tokens a worker will compute of `prompt_tokens`: net of the share its prefix cache served of
+        the prompts it started lately (guidellm repeats its prompts: 144 of each 158 tokens were served, and
+        counting them in full refused a third of the requests at 8 streams)."""
+        return prompt_tokens * (1.0 - (hb.prefix_hit_share or 0.0))
 
     @staticmethod
     def calibrated(view: WorkerView, demand: Demand, model_s: float, ttft: bool = False) -> float:

@@ -34,6 +34,8 @@ Refuse = Callable[[str, str], None]
 PR_SET_NAME = 15
 # The prefill a step's cost split remembers: its history fades by a fifth per this many prefill tokens.
 PREFILL_MEMORY_TOKENS = 512
+# The prompt tokens the prefix-hit share remembers: its history fades by half per this many started tokens.
+PREFIX_MEMORY_TOKENS = 2048
 # The tenant and prefix-cache scope of the warm-up prompts: no tenant's requests share it.
 WARM_UP_SCOPE = "ledgerlm-warm-up"
 
@@ -101,6 +103,12 @@ class EngineThread:
         self.prefill_token_s: float | None = None
         self._prefill_excess_s = 0.0  # seconds beyond a decode step, and the prefill tokens they bought, faded
         self._prefill_tokens = 0.0
+        # The share of recently started prompts' tokens the prefix cache served (faded by prompt tokens): the
+        # controller counts queued prompts net of it. guidellm repeats its prompts, and 144 of each 158 tokens
+        # came from the cache, while the controller counted all 158 ahead and refused at 8 streams.
+        self.prefix_hit_share: float | None = None
+        self._hit_tokens = 0.0
+        self._started_tokens = 0.0
         # Wall seconds inside step(), and seconds with unfinished work but not inside a step (applying orders,
         # handing outputs over, waiting for the interpreter): how much the worker's other threads cost the engine.
         self.timing = EngineTiming()
@@ -194,6 +202,14 @@ class EngineThread:
             while self.engine.has_unfinished() and not self._stop.is_set():
                 self._step(measured=round_ > 0)
 
+    def _measure_hits(self, hit_tokens: int, started_tokens: int) -> None:
+        if started_tokens <= 0:
+            return
+        kept = 0.5 ** (started_tokens / PREFIX_MEMORY_TOKENS)
+        self._hit_tokens = kept * self._hit_tokens + hit_tokens
+        self._started_tokens = kept * self._started_tokens + started_tokens
+        self.prefix_hit_share = self._hit_tokens / self._started_tokens
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             if not self.engine.has_unfinished():
@@ -214,9 +230,11 @@ class EngineThread:
         prefill_before = self.engine.num_prefill_tokens_total
         outputs = self.engine.step()  # a failing step fails its requests, not the thread
         ended = time.perf_counter()
-        self.stats = self.engine.stats()
+        before, self.stats = self.stats, self.engine.stats()
         if not measured:
             return outputs
+        self._measure_hits(self.stats.prefix_hit_tokens - before.prefix_hit_tokens,
+                           self.stats.started_prompt_tokens - before.started_prompt_tokens)
         self.timing.stepped(started, ended, still_busy=self.engine.has_unfinished())
         seconds = ended - started
         self.step_s = seconds if self.step_s is None else 0.8 * self.step_s + 0.2 * seconds

@@ -124,6 +124,7 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
                                prefill_token_ms=milliseconds(thread and thread.prefill_token_s),
                                max_batched_tokens=self.engine.config.max_num_batched_tokens,
                                batch_step_tokens=self.engine.config.batch_step_tokens,
+                               prefix_hit_share=thread.prefix_hit_share if thread is not None else None,
                                incarnation=self.incarnation, attempts=self.held(),
                                dispatch_read_through=self.read_through_at(),
                                wait_error_ms=self.waits.error_ms(time.monotonic()),

@@ -41,5 +41,8 @@ def test_the_engine_thread_warms_up_and_prices_its_steps_before_its_first_order(
         thread.add(EngineRequest("r1", (5, 6, 7), SamplingParams(max_tokens=2), tenant_id="t", scope_key="t"), 1.0)
         wait_until_sync(lambda: any(o.finished for o in delivered), 60, "the first order's end")
         assert {o.request_id for o in delivered} == {"r1"} and WARM_UP_SCOPE not in thread.weights
+        # the warm-up's prompts are counted as started, but the prefix-hit share covers only real work
+        assert engine.stats().started_prompt_tokens == engine.num_prefill_tokens_total
+        assert thread.prefix_hit_share == 0.0
     finally:
         thread.stop()

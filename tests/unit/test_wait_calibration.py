@@ -258,3 +258,42 @@ def test_a_prompt_mostly_from_the_prefix_cache_does_not_reprice_every_prefill_to
     for _ in range(200):
         thread._measure_cost(14, 0.15)  # noqa: SLF001
     assert 0.0033 < thread.prefill_token_s < 0.05 / 14  # only cached prompts for a long while: their price
+
+
+def test_the_engine_thread_reports_the_share_of_started_prompt_tokens_the_prefix_cache_served():
+    from types import SimpleNamespace
+
+    from consumers.worker.engine_thread import PREFIX_MEMORY_TOKENS, EngineThread
+
+    thread = EngineThread(SimpleNamespace(stats=lambda: None), print, print, {})
+    assert thread.prefix_hit_share is None
+    thread._measure_hits(0, 158)  # noqa: SLF001 (a first prompt: nothing cached)
+    thread._measure_hits(0, 0)  # noqa: SLF001 (decode steps start no prompt)
+    assert thread.prefix_hit_share == 0.0
+    for _ in range(40):
+        thread._measure_hits(144, 158)  # noqa: SLF001 (the same prompt again: 144 of its 158 tokens served)
+    assert 0.85 < thread.prefix_hit_share < 144 / 158
+    thread._measure_hits(0, 2 * PREFIX_MEMORY_TOKENS)  # noqa: SLF001 (new prompts, twice the memory's worth)
+    assert thread.prefix_hit_share < 0.25 * 144 / 158 + 0.01
+
+
+def test_prompts_ahead_count_net_of_the_workers_prefix_hit_share():
+    """At 8 guidellm streams 6 prompts of 158 tokens just dispatched made 1,350 tokens ahead and a predicted
+    3.5 s: the refusals. The worker's cache served 144 of each 158 tokens, which the heartbeat now says."""
+    def registry(share):
+        r = WorkerRegistry()
+        r.observe(heartbeat(queued_tokens=400, max_batched_tokens=512, decode_step_ms=100.0, prefill_token_ms=2.0,
+                            running=8, step_ms=100.0, prefix_hit_share=share, total_blocks=1024, free_blocks=1024))
+        return r
+
+    now = NOW.timestamp()
+    full, cached = registry(None), registry(0.9)
+    for r in (full, cached):
+        for i in range(6):
+            r.hold("w1", f"g{i}", Demand(158, 64), now)
+    assert WorkerRegistry.ahead_tokens(full.workers["w1"], Demand(158, 64), now, 1.0) == 400 + 6 * 158
+    assert WorkerRegistry.ahead_tokens(cached.workers["w1"], Demand(158, 64), now, 1.0) == \
+        round(0.1 * (400 + 6 * 158))
+    assert full.choose("m@1", Demand(158, 64), 2.0, 200.0, now) is None
+    choice = cached.choose("m@1", Demand(158, 64), 2.0, 200.0, now)
+    assert abs(choice.model_ttft_s - (0.05 + 0.1 + (135 + 16) * 0.002)) < 1e-9  # 135 ahead + 16 of its own
