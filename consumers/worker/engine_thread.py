@@ -38,6 +38,8 @@ PREFILL_MEMORY_TOKENS = 512
 PREFIX_MEMORY_TOKENS = 2048
 # The tenant and prefix-cache scope of the warm-up prompts: no tenant's requests share it.
 WARM_UP_SCOPE = "ledgerlm-warm-up"
+# A warm-up prompt takes one prefill step and two decode steps; it is given up past this many.
+WARM_UP_MAX_STEPS = 16
 
 
 def name_native_thread(name: str) -> None:
@@ -192,15 +194,23 @@ class EngineThread:
         chats of a burst 0.6 s; they waited 3.8 s. The prompts are in a scope of their own (no tenant's
         prefix cache sees them) and nothing is delivered."""
         name_native_thread(self._thread.name)
-        vocab = self.engine.artifacts.dims.vocab_size
-        length = max(1, min(self.engine.config.max_num_batched_tokens, self.engine.max_model_len - 2))
+        engine = self.engine
+        vocab = engine.artifacts.dims.vocab_size
+        pool_tokens = engine.blocks.num_blocks * engine.config.block_size  # a small pool holds a shorter prompt
+        length = max(1, min(engine.config.max_num_batched_tokens, engine.max_model_len - 2, pool_tokens - 2))
         for round_ in range(3):
+            request_id = f"warm-up-{round_}"
             prompt = tuple((round_ * 7919 + 31 * i + 1) % vocab for i in range(length))
-            self.engine.add_request(EngineRequest(f"warm-up-{round_}", prompt,
-                                                  SamplingParams(max_tokens=2, ignore_eos=True),
-                                                  tenant_id=WARM_UP_SCOPE, scope_key=WARM_UP_SCOPE))
-            while self.engine.has_unfinished() and not self._stop.is_set():
+            engine.add_request(EngineRequest(request_id, prompt, SamplingParams(max_tokens=2, ignore_eos=True),
+                                             tenant_id=WARM_UP_SCOPE, scope_key=WARM_UP_SCOPE))
+            for _ in range(WARM_UP_MAX_STEPS):
+                if not engine.has_unfinished() or self._stop.is_set():
+                    break
                 self._step(measured=round_ > 0)
+            if engine.has_unfinished():  # never expected: the prompt fits one step and the pool
+                log.warning("engine warm-up did not finish request=%s", request_id)
+                engine.abort(request_id)
+                self._step(measured=False)
 
     def _measure_hits(self, hit_tokens: int, started_tokens: int) -> None:
         if started_tokens <= 0:
