@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from consumers.controller.registry import WorkerRegistry
 from consumers.worker.heartbeats import GIVE_UP_LEASES, HeartbeatAcks
-from producers.gateway.admission.workers import WorkerBoard
+from producers.gateway.admission.workers import EARLY_REFUSAL_LEASES, WorkerBoard
 from schemas.registry_events import WorkerHeartbeat
 
 SENT = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -20,7 +20,7 @@ LEASE_S = 5.0
 def make_heartbeat(worker_id: str = "w1", **fields) -> WorkerHeartbeat:
     return WorkerHeartbeat(worker_id=worker_id, model_versions=("demo-tiny@1",), total_blocks=64, free_blocks=64,
                            block_size=16, running=0, queued_tokens=0, lease_ms=int(LEASE_S * 1000),
-                           occurred_at=SENT, **fields)
+                           **{"occurred_at": SENT, **fields})
 
 
 def test_a_heartbeat_is_within_its_lease_only_up_to_a_lease_after_its_sending():
@@ -53,10 +53,25 @@ def test_the_gateway_board_judges_its_workers_as_of_its_read_through_time():
     board = WorkerBoard(plane="p")
     board.observe(make_heartbeat(plane="p"))
     late = SENT.timestamp() + LEASE_S + 10
-    assert not board.could_serve(["demo-tiny@1"], 100, late)
+    assert not board.could_serve(["demo-tiny@1"], 100, late + 3 * LEASE_S)
     read_through = SENT.timestamp() + 1
     assert board.could_serve(["demo-tiny@1"], 100, late, read_through)
     assert not board.could_serve(["demo-tiny@1"], 64 * 16 + 1, late, read_through)  # live, but its pool could never hold it
+
+
+def test_the_gateway_refuses_early_only_after_several_leases_of_silence_or_a_goodbye():
+    board = WorkerBoard(plane="p")
+    board.observe(make_heartbeat(plane="p"))
+    sent = SENT.timestamp()
+    a_moment_late = sent + LEASE_S + 1  # the controller may see it live again by the time it decides
+    assert not board.is_live(board.latest["w1"], a_moment_late)
+    assert board.could_serve(["demo-tiny@1"], 100, a_moment_late)
+    assert board.could_serve(["demo-tiny@1"], 100, sent + EARLY_REFUSAL_LEASES * LEASE_S)
+    assert not board.could_serve(["demo-tiny@1"], 100, sent + EARLY_REFUSAL_LEASES * LEASE_S + 0.01)
+    assert board.freshest_age_s(["demo-tiny@1"], a_moment_late) == LEASE_S + 1
+    assert board.freshest_age_s(["other@1"], a_moment_late) is None
+    board.observe(make_heartbeat(plane="p", draining=True, occurred_at=datetime.fromtimestamp(sent + 1, UTC)))
+    assert not board.could_serve(["demo-tiny@1"], 100, sent + 1)  # a draining worker stops counting at once
 
 
 def make_acks(last_ok: float = 0.0) -> HeartbeatAcks:

@@ -37,13 +37,17 @@ async def refuse_without_workers(gateway: "Gateway", principal: Principal, body:
     if not gateway.workers_follower.caught_up.is_set():
         return
     total = len(prompt.token_ids) + prompt.max_output_tokens * prompt.sampling.n
-    if gateway.board.could_serve(gateway.catalog.versions_of(body.model), total, time.time(),
-                                 gateway.workers_follower.read_through()):
+    versions, now, read_through = gateway.catalog.versions_of(body.model), time.time(), \
+        gateway.workers_follower.read_through()
+    if gateway.board.could_serve(versions, total, now, read_through):
         return
     if gateway.bridge.knows_request(principal.tenant_id, body.request_id) or \
             await gateway.db.knows_request(principal.tenant_id, body.request_id):
         return  # a repeat: the controller answers it (200 existing or 409)
     gateway.metrics.early_refusals.inc()
+    log.info("refused early tenant=%s request=%s total_tokens=%d heartbeat_age_s=%s read_through_lag_s=%s",
+             principal.tenant_id, body.request_id, total, gateway.board.freshest_age_s(versions, now),
+             None if read_through is None else round(now - read_through, 2))
     raise ApiError(503, "no_capacity", f"no live worker serves {body.model} with room for {total} tokens",
                    {"requestId": body.request_id}, gateway.settings.retry_after_ms)
 
