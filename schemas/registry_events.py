@@ -71,6 +71,9 @@ class WorkerHeartbeat(Envelope):
     wait_error_ms: float | None = added(None)
     # The same for the TTFT, decision to first token, against the model's (its wait plus its own prefill steps).
     ttft_error_ms: float | None = added(None)
+    # Their ADMIT_QUANTILE (0.95), in ms: the controller routes interactive work only where the model's TTFT plus
+    # this fits the allowance, and promises the median (decision 0022). None: none recent, or an older worker.
+    ttft_error_high_ms: float | None = added(None)
     # The most attempts this worker takes (LEDGERLM_WORKER_MAX_ATTEMPTS); `running` counts what it holds.
     # None: no bound (a worker from before it).
     max_attempts: int | None = added(None, ge=1)

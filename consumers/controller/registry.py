@@ -86,8 +86,8 @@ class WorkerChoice:
 class WaitTerms:
     """A worker's predicted wait and TTFT and what they are made of, for a refusal to say why (counts only): the
     queue model's seconds, the prompt tokens still ahead (its heartbeat's and those dispatched since, drained
-    since) and the dispatches its heartbeat does not count yet; the rest of `wait_s` and `ttft_s` is the
-    worker's measured error."""
+    since) and the dispatches its heartbeat does not count yet; the rest of `wait_s` is the worker's median
+    error, the rest of `ttft_s` (the TTFT admission judges by, `WorkerRegistry.admitting`) its high quantile."""
 
     worker_id: str
     wait_s: float
@@ -100,7 +100,7 @@ class WaitTerms:
     def describe(self) -> str:
         return (f"on {self.worker_id}: queue model {self.model_s:.2f} s ({self.queued_tokens} prompt tokens "
                 f"queued ahead, {self.pending} dispatched since its heartbeat), TTFT model {self.model_ttft_s:.2f} "
-                f"s, + measured error {self.ttft_s - self.model_ttft_s:+.2f} s")
+                f"s, + measured error {self.ttft_s - self.model_ttft_s:+.2f} s at its 95th percentile")
 
 
 class Prediction(NamedTuple):
@@ -319,6 +319,16 @@ class WorkerRegistry:
             return model_s
         return max(0.0, model_s + error_ms / 1000)
 
+    @staticmethod
+    def admitting(view: WorkerView, demand: Demand, model_ttft_s: float) -> float:
+        """The TTFT an interactive attempt is admitted by: the model's plus the high quantile of its recent errors
+        on this worker (`ttft_error_high_ms`), where the promise adds their median; the promise where the worker
+        reports no high quantile."""
+        high_ms = view.heartbeat.ttft_error_high_ms
+        if demand.batch or high_ms is None:
+            return WorkerRegistry.calibrated(view, demand, model_ttft_s, ttft=True)
+        return max(0.0, model_ttft_s + high_ms / 1000)
+
     def candidates(self, model_version: str, demand: Demand, now: float, exclude: frozenset[str]):
         for worker_id, view in self.workers.items():
             hb = view.heartbeat
@@ -330,7 +340,7 @@ class WorkerRegistry:
     def choose(self, model_version: str, demand: Demand, allowance_s: float, decode_tokens_per_s: float,
                now: float, exclude: frozenset[str] = frozenset(), may_wait: bool = True) -> WorkerChoice | None:
         """Among the ready workers with the version whose prediction fits `allowance_s` (an interactive
-        attempt's calibrated TTFT, a batch attempt's wait: it is promised no latency, and is dispatched only where
+        attempt's TTFT at the high quantile of its error, `admitting`, a batch attempt's wait: it is promised no latency, and is dispatched only where
         it would start soon), the one holding the fewest attempts, then the shortest predicted wait, then the most
         room. (By the wait first, identical workers split work by the noise in their measured steps: 3 of 4
         requests went to the one whose warm-up had measured a few ms less.)
@@ -344,7 +354,8 @@ class WorkerRegistry:
             model_s, model_ttft_s, waits, _ = self.predicted_wait_s(view, demand, decode_tokens_per_s, now)
             queue_s = self.calibrated(view, demand, model_s)
             ttft_s = self.calibrated(view, demand, model_ttft_s, ttft=True)
-            if (queue_s if demand.batch else ttft_s) > allowance_s or (waits and not may_wait):
+            judged_s = queue_s if demand.batch else self.admitting(view, demand, model_ttft_s)
+            if judged_s > allowance_s or (waits and not may_wait):
                 continue
             choice = WorkerChoice(worker_id, view.room_tokens, queue_s, waits, model_s, ttft_s, model_ttft_s)
             key = (view.heartbeat.running + len(view.pending), choice.queue_s, -choice.room_tokens)
@@ -354,13 +365,13 @@ class WorkerRegistry:
 
     def shortest_wait(self, model_version: str, demand: Demand, decode_tokens_per_s: float,
                       now: float) -> WaitTerms | None:
-        """The best predicted TTFT over every ready worker with the version, whatever the allowance, with the
-        terms it is made of."""
+        """The best TTFT admission judges by (`admitting`) over every ready worker with the version, whatever
+        the allowance, with the terms it is made of."""
         best: WaitTerms | None = None
         for worker_id, view in self.candidates(model_version, demand, now, frozenset()):
             model_s, model_ttft_s, _, ahead = self.predicted_wait_s(view, demand, decode_tokens_per_s, now)
             terms = WaitTerms(worker_id, self.calibrated(view, demand, model_s), model_s, ahead, len(view.pending),
-                              self.calibrated(view, demand, model_ttft_s, ttft=True), model_ttft_s)
+                              self.admitting(view, demand, model_ttft_s), model_ttft_s)
             if best is None or terms.ttft_s < best.ttft_s:
                 best = terms
         return best

@@ -129,6 +129,7 @@ class Worker(KVAccounting, DispatchOrders, AttemptWriter):
                                dispatch_read_through=self.read_through_at(),
                                wait_error_ms=self.waits.error_ms(time.monotonic()),
                                ttft_error_ms=self.waits.ttft_error_ms(time.monotonic()),
+                               ttft_error_high_ms=self.waits.ttft_error_high_ms(time.monotonic()),
                                max_attempts=settings.worker_max_attempts)
 
     def held(self) -> tuple[str, ...] | None:

@@ -82,6 +82,32 @@ def test_the_controller_adds_the_reported_error_to_interactive_predictions_and_s
     assert registry.choose("m@1", Demand(4, 12), 5.0, 200.0, now).queue_s == 0.0  # never below nothing
 
 
+def test_the_high_quantile_of_the_ttft_error_is_its_tail_weighed_and_faded_like_the_median():
+    waits = WaitCalibration()
+    assert waits.ttft_error_high_ms(0.0) is None
+    for tenth in range(20):  # errors 0.0 .. 1.9 s over a model of 0.5 s
+        waits.observe_ttft(order(model_ttft_ms=500), 0.5 + tenth / 10, now=10.0)
+    assert waits.ttft_error_ms(10.0) == 900.0
+    assert waits.ttft_error_high_ms(10.0) == 1800.0  # the 19th of 20: 95 % of them at or below it
+    assert waits.ttft_error_high_ms(10.0 + HALF_LIFE_S) == 900.0
+
+
+def test_interactive_work_is_admitted_by_the_high_quantile_and_promised_the_median():
+    registry = WorkerRegistry()
+    registry.observe(heartbeat(ttft_error_ms=300.0, ttft_error_high_ms=1500.0))
+    now = NOW.timestamp()
+    # 400 queued tokens and its own 4 at 200/s: the model says 2.02 s to the first token
+    chat = registry.choose("m@1", Demand(4, 12), 4.0, 200.0, now)
+    assert chat.promise["predicted_ttft_ms"] == 2320 and chat.promise["model_ttft_ms"] == 2020
+    assert registry.choose("m@1", Demand(4, 12), 3.0, 200.0, now) is None  # the median fits 3 s, the tail does not
+    best = registry.shortest_wait("m@1", Demand(4, 12), 200.0, now)
+    assert round(best.ttft_s, 2) == 3.52 and "95th percentile" in best.describe()
+    batch = registry.choose("m@1", Demand(4, 12, batch=True), 3.0, 200.0, now)
+    assert batch is not None  # batch work is routed by its wait, never by a latency promise
+    registry.observe(heartbeat(ttft_error_ms=300.0))  # a worker that reports no tail: judged by the median
+    assert registry.choose("m@1", Demand(4, 12), 3.0, 200.0, now).promise["predicted_ttft_ms"] == 2320
+
+
 def test_the_worker_records_the_promise_ratio_per_tier_and_feeds_the_error_back():
     from consumers.worker.attempts import Attempt
     from consumers.worker.measure import observe_wait
