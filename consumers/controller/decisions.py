@@ -82,8 +82,7 @@ class Decider(HeldWork):
             retry_ms, why = self.jittered_ms(self.settings.retry_after_ms), "no ready worker"
         else:
             retry_ms = self.jittered_ms(int(min(max(best.ttft_s - allowance_s, 0.25), 60.0) * 1000))
-            why = (f"the shortest predicted time to the first token, {best.ttft_s:.2f} s at the 95th percentile "
-                   f"({best.describe()}), "
+            why = (f"the shortest predicted time to the first token, {best.ttft_s:.2f} s ({best.describe()}), "
                    f"exceeds the {allowance_s:.2f} s allowance")
             log.info("refused no_capacity tenant=%s tier=%s prompt_tokens=%d wait_ms=%d model_ms=%d "
                      "queued_tokens=%d pending=%d ttft_ms=%d model_ttft_ms=%d worker=%s", cmd.tenant_id, cmd.tier,

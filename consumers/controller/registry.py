@@ -96,11 +96,13 @@ class WaitTerms:
     pending: int
     ttft_s: float
     model_ttft_s: float
+    by_tail: bool = False  # `ttft_s` adds the high quantile of the error, not its median
 
     def describe(self) -> str:
         return (f"on {self.worker_id}: queue model {self.model_s:.2f} s ({self.queued_tokens} prompt tokens "
                 f"queued ahead, {self.pending} dispatched since its heartbeat), TTFT model {self.model_ttft_s:.2f} "
-                f"s, + measured error {self.ttft_s - self.model_ttft_s:+.2f} s at its 95th percentile")
+                f"s, + measured error {self.ttft_s - self.model_ttft_s:+.2f} s"
+                + (" at its 95th percentile" if self.by_tail else ""))
 
 
 class Prediction(NamedTuple):
@@ -371,7 +373,8 @@ class WorkerRegistry:
         for worker_id, view in self.candidates(model_version, demand, now, frozenset()):
             model_s, model_ttft_s, _, ahead = self.predicted_wait_s(view, demand, decode_tokens_per_s, now)
             terms = WaitTerms(worker_id, self.calibrated(view, demand, model_s), model_s, ahead, len(view.pending),
-                              self.admitting(view, demand, model_ttft_s), model_ttft_s)
+                              self.admitting(view, demand, model_ttft_s), model_ttft_s,
+                              not demand.batch and view.heartbeat.ttft_error_high_ms is not None)
             if best is None or terms.ttft_s < best.ttft_s:
                 best = terms
         return best
