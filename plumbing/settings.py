@@ -225,6 +225,11 @@ class Settings(BaseSettings):
     gateway_max_waiting_per_tenant: int = Field(default=256, ge=1, description="calls waiting for their "
                                                 "generation's end (wait=true, OpenAI without stream) one tenant "
                                                 "may hold on one gateway; more: 429")
+    gateway_batch_admissions_per_s: float = Field(default=50.0, ge=0, description="batch requests one gateway "
+                                                  "hands the controller per second, tenants in turn; the rest "
+                                                  "wait for their turn (0: unpaced)")
+    gateway_batch_admission_burst: int = Field(default=32, ge=1, description="batch requests a quiet gateway "
+                                               "hands on at once before pacing starts")
     max_request_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, description="larger HTTP bodies get 413")
 
     _generated_id_key: str | None = PrivateAttr(default=None)

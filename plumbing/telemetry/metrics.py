@@ -59,6 +59,8 @@ class GatewayMetrics:
         self.repeated_refusals = Counter(f"{PREFIX}repeated_capacity_refusals", "503 no_capacity answered by the "
                                          "gateway while the controller's last one holds (a client that ignores "
                                          "Retry-After)", registry=self.registry)
+        self.batch_paced = Gauge(f"{PREFIX}batch_admissions_waiting", "Batch requests waiting for their turn to "
+                                 "be handed to the controller (gateway batch pacing)", registry=self.registry)
         self.admission_latency = Histogram(f"{PREFIX}admission_latency_seconds",
                                            "SubmitGeneration published -> controller decision received",
                                            buckets=ITL_BUCKETS, registry=self.registry)

@@ -19,6 +19,7 @@ from plumbing.telemetry.server import Readiness
 from producers.gateway.admission.client import AdmissionClient
 from producers.gateway.admission.prompts import ModelCatalog
 from producers.gateway.admission.slots import STREAMS, WAITING, TenantSlots
+from producers.gateway.admission.pacing import BatchPacer
 from producers.gateway.admission.workers import WorkerBoard
 from producers.gateway.auth.authenticator import Authenticator, presented_key
 from producers.gateway.auth.key_directory import KeyDirectory
@@ -49,6 +50,7 @@ class Gateway:
     slots: TenantSlots
     presence: Presence
     disconnects: DisconnectPolicy
+    batch_pacer: BatchPacer
     deliveries: set = field(default_factory=set)  # the open streams' queues (BoundedDelivery): what they hold
     database_reached: bool = False  # the database has answered once (readiness)
 
@@ -73,12 +75,14 @@ class Gateway:
                               group=settings.gateway_group, share=settings.gateway_share_stream)
         admission = AdmissionClient(kafka, settings.controller_group, latency=metrics.admission_latency)
         presence = Presence(admission.gateway_id)
+        pacer = BatchPacer(settings.gateway_batch_admissions_per_s, settings.gateway_batch_admission_burst)
+        metrics.batch_paced.set_function(lambda: pacer.queued)
         return cls(settings, admission, bridge, db, catalog,
                    Follower(kafka, [MODELS], lambda _topic, event: catalog.observe(event),
                             client_id="gateway-models", long_poll_ms=REGISTRY_POLL_MS), metrics, board=board,
                    workers_follower=Follower(kafka, [WORKERS], on_worker, client_id="gateway-workers"),
                    keys=keys, auth=Authenticator(db, keys, settings), slots=slots, presence=presence,
-                   disconnects=DisconnectPolicy(kafka, presence))
+                   disconnects=DisconnectPolicy(kafka, presence), batch_pacer=pacer)
 
     async def start(self) -> None:
         await self.db.start()

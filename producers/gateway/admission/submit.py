@@ -71,6 +71,8 @@ async def submit_generation(gateway: "Gateway", principal: Principal, body: Gene
     admission, settings = gateway.admission, gateway.settings
     await repeat_capacity_refusal(gateway, principal, body)
     await refuse_without_workers(gateway, principal, body, prompt)
+    if body.tier == "batch":
+        await gateway.batch_pacer.turn(principal.tenant_id)
     command = submit_command(admission, settings.controller_group, principal.tenant_id, body, prompt,
                              stream_share=gateway.bridge.tail.share())
     timing: list[float] = []
