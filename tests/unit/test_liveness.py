@@ -56,7 +56,8 @@ def test_the_gateway_board_judges_its_workers_as_of_its_read_through_time():
     assert not board.could_serve(["demo-tiny@1"], 100, late + 3 * LEASE_S)
     read_through = SENT.timestamp() + 1
     assert board.could_serve(["demo-tiny@1"], 100, late, read_through)
-    assert not board.could_serve(["demo-tiny@1"], 64 * 16 + 1, late, read_through)  # live, but its pool could never hold it
+    # live, but its pool could never hold it
+    assert not board.could_serve(["demo-tiny@1"], 64 * 16 + 1, late, read_through)
 
 
 def test_the_gateway_refuses_early_only_after_several_leases_of_silence_or_a_goodbye():
