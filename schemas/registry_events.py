@@ -82,12 +82,13 @@ class WorkerHeartbeat(Envelope):
     # (consumers/worker/heartbeat_thread.py). None: described as it was sent.
     described_at: datetime | None = added(None)
 
-    def within_lease(self, now: float, read_through: float | None = None) -> bool:
+    def within_lease(self, now: float, read_through: float | None = None, leases: int = 1) -> bool:
         """Sent less than a lease before `now` (unix seconds), or before `read_through` when that is earlier:
         a reader counts a worker's silence only over time it has read its heartbeats through, so the reader's
-        own lag (a starved process, a frozen broker) never reads as the worker's silence."""
+        own lag (a starved process, a frozen broker) never reads as the worker's silence. `leases` stretches the
+        silence allowed to that many leases."""
         judged_at = now if read_through is None else min(now, read_through)
-        return judged_at - self.occurred_at.timestamp() <= self.lease_ms / 1000
+        return judged_at - self.occurred_at.timestamp() <= leases * self.lease_ms / 1000
 
 
 # A worker holds at most max_num_seqs running attempts plus its queue; past this the list is left out rather

@@ -343,9 +343,9 @@ class WorkerRegistry:
                now: float, exclude: frozenset[str] = frozenset(), may_wait: bool = True) -> WorkerChoice | None:
         """Among the ready workers with the version whose prediction fits `allowance_s` (an interactive
         attempt's TTFT at the high quantile of its error, `admitting`; a batch attempt's wait: it is promised no
-        latency, and is dispatched only where it would start soon), the one holding the fewest attempts, then the shortest predicted wait, then the most
-        room. (By the wait first, identical workers split work by the noise in their measured steps: 3 of 4
-        requests went to the one whose warm-up had measured a few ms less.)
+        latency, and is dispatched only where it would start soon), the one holding the fewest attempts, then the
+        shortest predicted wait, then the most room. (By the wait first, identical workers split work by the noise
+        in their measured steps: 3 of 4 requests went to the one whose warm-up had measured a few ms less.)
 
         An attempt that lacks KV room waits on the worker until running work frees it; `may_wait=False`
         routes only to workers with room now.

@@ -10,8 +10,9 @@ The worker keeps the recent errors `observed - model` of interactive attempts an
 `WorkerHeartbeat.wait_error_ms`, and the same of the TTFT as `ttft_error_ms`, faded by the time since the newest;
 the controller adds each to the model's prediction. Of the TTFT it also reports a high quantile
 (`ttft_error_high_ms`): the median makes the promise, the high quantile decides whether it is made at all.
-The error is measured against the uncorrected model, so the correction never feeds on itself. What the model misses is what it does not see: the dispatch through the broker, the controller's
-own transaction, and the decode steps that run between queued prefill chunks at the current batch size.
+The error is measured against the uncorrected model, so the correction never feeds on itself. What the model
+misses is what it does not see: the dispatch through the broker, the controller's own transaction, and the
+decode steps that run between queued prefill chunks at the current batch size.
 """
 from __future__ import annotations
 

@@ -17,9 +17,9 @@ from plumbing.settings import Settings
 from plumbing.telemetry.metrics import GatewayMetrics
 from plumbing.telemetry.server import Readiness
 from producers.gateway.admission.client import AdmissionClient
+from producers.gateway.admission.pacing import BatchPacer
 from producers.gateway.admission.prompts import ModelCatalog
 from producers.gateway.admission.slots import STREAMS, WAITING, TenantSlots
-from producers.gateway.admission.pacing import BatchPacer
 from producers.gateway.admission.workers import WorkerBoard
 from producers.gateway.auth.authenticator import Authenticator, presented_key
 from producers.gateway.auth.key_directory import KeyDirectory

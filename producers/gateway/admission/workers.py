@@ -37,23 +37,19 @@ class WorkerBoard:
         if known is None or heartbeat.occurred_at >= known.occurred_at:
             self.latest[heartbeat.worker_id] = heartbeat
 
-    def is_live(self, heartbeat: WorkerHeartbeat, now: float, read_through: float | None = None) -> bool:
-        """Alive, not draining, of this plane, and within its lease as of `now` or of `read_through` (the
+    def is_live(self, heartbeat: WorkerHeartbeat, now: float, read_through: float | None = None,
+                leases: int = 1) -> bool:
+        """Alive, not draining, of this plane, and within `leases` leases as of `now` or of `read_through` (the
         workers follower's Follower.read_through), whichever is earlier."""
         return (heartbeat.alive and not heartbeat.draining and heartbeat.plane in (None, self.plane)
-                and heartbeat.within_lease(now, read_through))
-
-    def may_be_live(self, heartbeat: WorkerHeartbeat, now: float, read_through: float | None = None) -> bool:
-        """`is_live`, with EARLY_REFUSAL_LEASES leases of silence instead of one."""
-        judged_at = now if read_through is None else min(now, read_through)
-        return (heartbeat.alive and not heartbeat.draining and heartbeat.plane in (None, self.plane)
-                and judged_at - heartbeat.occurred_at.timestamp() <= EARLY_REFUSAL_LEASES * heartbeat.lease_ms / 1000)
+                and heartbeat.within_lease(now, read_through, leases))
 
     def could_serve(self, versions: Iterable[str], total_tokens: int, now: float,
                     read_through: float | None = None) -> bool:
         """Some worker that may be live serves one of `versions` with a pool of at least `total_tokens`."""
         wanted = set(versions)
-        return any(self.may_be_live(hb, now, read_through) and wanted.intersection(hb.model_versions)
+        return any(self.is_live(hb, now, read_through, EARLY_REFUSAL_LEASES)
+                   and wanted.intersection(hb.model_versions)
                    and hb.total_blocks * hb.block_size >= total_tokens for hb in self.latest.values())
 
     def freshest_age_s(self, versions: Iterable[str], now: float) -> float | None:
