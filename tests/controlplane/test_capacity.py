@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 
 from plumbing.kafka.clients import publish
@@ -79,16 +80,24 @@ async def test_interactive_request_beyond_the_predicted_wait_gets_503_with_retry
             return refused.status_code == 503 and "predicted time to the first token" in refused.json()["message"] \
                 and refused.json().get("details", {}).get("retryAfterMs", 0) >= 2000
 
+        async def attempt():
+            # The controller drains a heartbeat's queue at its rate from the time it was sent (decision 0020):
+            # a heartbeat read 2 s late already predicts under 12 s. Each try sends a fresh one (a CI run's
+            # controller read the first one late, and every refusal after it said less than 2 s).
+            await publish(producer, "llm.workers", fake.model_copy(update={"event_id": uuid.uuid4(),
+                                                                           "occurred_at": datetime.now(UTC)}))
+            return await gateway.post("/v1/generations", headers=tenants["main"].headers,
+                                      json=body(model=version, maxOutputTokens=8))
+
         # until the controller has the heartbeat (404/503 for the idle version before)
-        refused = await wait_until(lambda: gateway.post("/v1/generations", headers=tenants["main"].headers,
-                                                        json=body(model=version, maxOutputTokens=8)), 15,
-                                   step_s=0.1, accept=predicted_wait,
+        refused = await wait_until(attempt, 15, step_s=0.1, accept=predicted_wait,
                                    what=lambda r: f"a refusal for the predicted wait: {r.text}")
         assert refused.status_code == 503 and refused.json()["code"] == "no_capacity", refused.text
         # (12 s and its own prompt - 10 s) jittered by up to +50%: 2-3.1 s, as whole seconds in the header.
         assert 2 <= int(refused.headers["retry-after"]) <= 4, refused.headers
     finally:
-        await publish(producer, "llm.workers", fake.model_copy(update={"alive": False}))
+        await publish(producer, "llm.workers", fake.model_copy(update={"alive": False, "event_id": uuid.uuid4(),
+                                                                       "occurred_at": datetime.now(UTC)}))
 
 
 async def routed(controller, gateway, start_worker, *args, **overrides):
