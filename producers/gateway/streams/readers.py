@@ -23,15 +23,20 @@ Each reader also paces its fetches (`FetchPacing`). A fetch costs aiokafka about
 consumer answered at the first record fetches a thousand times a second however
 few partitions it reads: sharing the partitions would then save the decoding but
 not the fetching. So while records flow, the broker holds each fetch up to 2 ms.
-"Flow" is a fetch that carried BUSY_RECORDS or more: a real-model stream yields a
-token every ~100 ms, and pacing it as a flow had the fetcher ask the broker every
-2 ms between two tokens (~50 empty fetches per token, in the gateway and in the
-broker). A fetch of a few records is answered at the first record (a long poll).
+"Flow" is a poll that brought BUSY_RECORDS or more, at least BUSY_RECORDS for
+every FLOW_WAIT_MS it waited (800 a second). A real-model stream yields a token every
+~100 ms, and pacing it as a flow had the fetcher ask the broker every 2 ms
+between two tokens (~50 empty fetches per token, in the gateway and in the
+broker). A worker's step also publishes the tokens of every running stream at
+once: a poll that waited ~100 ms for such a burst of 8 or 16 records is not a
+flow, and pacing it as one cost ~4 empty fetches a step. A fetch of a few
+records, or one the reader waited for, is answered at the first record (a long poll).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
@@ -53,9 +58,10 @@ def topic_partitions(partition: int) -> list[TopicPartition]:
     return [TopicPartition(topic, partition) for topic in BRIDGE_TOPICS]
 
 
-# A fetch that brings this many records (or more) means records flow faster than fetches can be answered one
-# by one: the reader then lets the broker gather 2 ms of them per fetch.
+# A poll that brings this many records (or more), and as many for every FLOW_WAIT_MS it waited, means records flow
+# faster than fetches can be answered one by one: the reader then lets the broker gather 2 ms of them per fetch.
 BUSY_RECORDS = 4
+FLOW_WAIT_MS = 5
 # How long a flowing reader waits for its next batch before it goes back to long polls: the fetcher asks the
 # broker every 2 ms meanwhile, so a flow that stops costs at most a few empty fetches.
 BUSY_POLL_MS = 10
@@ -68,7 +74,7 @@ class FetchPacing:
                                                          that subscribes meanwhile waits for nothing
         idle   nobody wants its records, records come   1 MiB or 50 ms: batches of hundreds; nobody waits for them
         live   wanted, fetches of a few records          answered at the first record (a long poll): no added latency
-        busy   wanted, fetches of BUSY_RECORDS+          64 KiB or 2 ms: a fetch carries what 2 ms bring, not one record
+        busy   wanted, polls that bring a flow (above)   64 KiB or 2 ms: a fetch carries what 2 ms bring, not one record
 
     An idle reader paced at 50 ms with no traffic at all asked the broker 20 times a second for nothing: two
     thirds of an idle gateway's fetches (`bench efficiency`, `kafka_requests_per_s`).
@@ -79,13 +85,17 @@ class FetchPacing:
     def __init__(self) -> None:
         self.mode = "live"  # what the consumer is made with (make_consumer's defaults)
         self.records = 0  # what the last poll brought
+        self.flowing = False  # whether that was a flow: BUSY_RECORDS+, as many per FLOW_WAIT_MS waited
 
-    def set(self, consumer: AIOKafkaConsumer | None, wanted: bool, records: int | None = None) -> None:
-        """Pace by whether a local party wants the records and by what the last poll brought (None: unchanged)."""
+    def set(self, consumer: AIOKafkaConsumer | None, wanted: bool, records: int | None = None,
+            waited_ms: float = 0.0) -> None:
+        """Pace by whether a local party wants the records and by what the last poll brought in how long
+        (None: unchanged)."""
         if records is not None:
             self.records = records
+            self.flowing = records >= BUSY_RECORDS and records * FLOW_WAIT_MS >= BUSY_RECORDS * waited_ms
         if wanted:
-            mode = "busy" if self.records >= BUSY_RECORDS else "live"
+            mode = "busy" if self.flowing else "live"
         else:
             mode = "idle" if self.records else "quiet"
         if mode != self.mode and consumer is not None:
@@ -104,6 +114,7 @@ class PartitionReader:
         self.next_offsets: dict[TopicPartition, int] = {}
         self.pacing = FetchPacing()
         self.wanted: Callable[[], bool] = lambda: True  # whether a local party wants any of its records
+        self.clock: Callable[[], float] = time.monotonic
 
     @property
     def partitions(self) -> list[int]:
@@ -116,7 +127,9 @@ class PartitionReader:
     async def poll_once(self, timeout_ms: int) -> None:
         if self.pacing.mode == "busy":
             timeout_ms = min(timeout_ms, BUSY_POLL_MS)  # a flow that stops goes back to long polls at once
+        asked = self.clock()
         batches = await self.consumer.getmany(timeout_ms=timeout_ms)
+        waited_ms = (self.clock() - asked) * 1000
         handled = 0
         for tp, records in batches.items():
             expected = self.next_offsets.get(tp)
@@ -130,7 +143,7 @@ class PartitionReader:
                 handled += len(records)
         if handled:
             self.after_batch()
-        self.pacing.set(self.consumer, self.wanted(), handled)
+        self.pacing.set(self.consumer, self.wanted(), handled, waited_ms)
 
     async def stop(self) -> None:
         if self.consumer is not None:
