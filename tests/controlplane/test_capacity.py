@@ -74,6 +74,11 @@ async def test_interactive_request_beyond_the_predicted_wait_gets_503_with_retry
                            free_blocks=1000, block_size=16, running=8, queued_tokens=12_000, lease_ms=60_000,
                            plane=cp_settings.controller_group, reservation="optimistic", headroom_tokens=32,
                            tokens_per_s=1000.0)
+
+    def stamped(**update) -> WorkerHeartbeat:
+        """The fake heartbeat sent now, as a new event."""
+        return fake.model_copy(update={**update, "event_id": uuid.uuid4(), "occurred_at": datetime.now(UTC)})
+
     await publish(producer, "llm.workers", fake)
     try:
         def predicted_wait(refused) -> bool:
@@ -84,8 +89,7 @@ async def test_interactive_request_beyond_the_predicted_wait_gets_503_with_retry
             # The controller drains a heartbeat's queue at its rate from the time it was sent (decision 0020):
             # a heartbeat read 2 s late already predicts under 12 s. Each try sends a fresh one (a CI run's
             # controller read the first one late, and every refusal after it said less than 2 s).
-            await publish(producer, "llm.workers", fake.model_copy(update={"event_id": uuid.uuid4(),
-                                                                           "occurred_at": datetime.now(UTC)}))
+            await publish(producer, "llm.workers", stamped())
             return await gateway.post("/v1/generations", headers=tenants["main"].headers,
                                       json=body(model=version, maxOutputTokens=8))
 
@@ -96,8 +100,7 @@ async def test_interactive_request_beyond_the_predicted_wait_gets_503_with_retry
         # (12 s and its own prompt - 10 s) jittered by up to +50%: 2-3.1 s, as whole seconds in the header.
         assert 2 <= int(refused.headers["retry-after"]) <= 4, refused.headers
     finally:
-        await publish(producer, "llm.workers", fake.model_copy(update={"alive": False, "event_id": uuid.uuid4(),
-                                                                       "occurred_at": datetime.now(UTC)}))
+        await publish(producer, "llm.workers", stamped(alive=False))
 
 
 async def routed(controller, gateway, start_worker, *args, **overrides):

@@ -24,13 +24,14 @@ consumer answered at the first record fetches a thousand times a second however
 few partitions it reads: sharing the partitions would then save the decoding but
 not the fetching. So while records flow, the broker holds each fetch up to 2 ms.
 "Flow" is a poll that brought BUSY_RECORDS or more, at least BUSY_RECORDS for
-every FLOW_WAIT_MS it waited (800 a second). A real-model stream yields a token every
-~100 ms, and pacing it as a flow had the fetcher ask the broker every 2 ms
+every FLOW_WAIT_MS it waited (800 a second). A real-model stream yields a token
+every ~100 ms, and pacing it as a flow had the fetcher ask the broker every 2 ms
 between two tokens (~50 empty fetches per token, in the gateway and in the
 broker). A worker's step also publishes the tokens of every running stream at
 once: a poll that waited ~100 ms for such a burst of 8 or 16 records is not a
-flow, and pacing it as one cost ~4 empty fetches a step. A fetch of a few
-records, or one the reader waited for, is answered at the first record (a long poll).
+flow, and pacing it as one cost ~4 empty fetches a step. After a poll of a few
+records, or of a burst it waited for, the next fetch is a long poll, answered at
+the first record.
 """
 from __future__ import annotations
 
